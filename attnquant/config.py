@@ -1,0 +1,277 @@
+"""attnquant's configuration: the ATTNQUANT_* environment variables.
+
+:data:`SETTINGS` is the single table of every variable (name, field, default,
+allowed values, effect). Parsing, :meth:`AttnQuantConfig.describe`,
+:meth:`AttnQuantConfig.weight_fingerprint` and the table in
+``docs/configuration.md`` (see :func:`settings_markdown_table`) all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+ENV_PREFIX = "ATTNQUANT_"
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError
+
+
+def _parse_int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw.strip())  # ValueError for "2.5", "x"
+        if value < minimum:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError
+        return value
+
+    return parse
+
+
+def _parse_auto_or_bool(raw: str) -> bool | None:
+    return None if raw.strip().lower() == "auto" else _parse_bool(raw)
+
+
+def _parse_fragments(raw: str) -> tuple[str, ...]:
+    """Comma list of dotted module-name fragments, deduplicated and sorted
+    (order has no meaning, and a canonical form keeps cache keys stable)."""
+    fragments = {part.strip() for part in raw.split(",") if part.strip()}
+    if any(not all(fragment.split(".")) for fragment in fragments):
+        raise ValueError  # "a..b", ".mlp", "mlp."
+    return tuple(sorted(fragments))
+
+
+def _parse_log_level(raw: str) -> str:
+    return _parse_choice("debug", "info", "warning", "error")(raw).upper()
+
+
+def _default_cache_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_CACHE_HOME") or str(Path("~/.cache").expanduser())
+    return Path(base) / "attnquant"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: how to read it and what it does."""
+
+    env: str
+    field: str
+    parse: Callable[[str], Any]
+    default: Callable[[Mapping[str, str]], Any]
+    default_text: str
+    allowed: str
+    effect: str
+    changes_weights: bool = False
+
+
+def _constant(value: Any) -> Callable[[Mapping[str, str]], Any]:
+    return lambda env: value
+
+
+_BOOL = "1/0, true/false, yes/no, on/off"
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "ATTNQUANT_BLOCKS", "blocks", _parse_int_at_least(1), _constant(None),
+        "layer count", "integer >= 1 dividing the layer count",
+        "G: bands of contiguous layers sharing one W0 per projection family. "
+        "The layer count is passthrough (every weight exact).",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_RANK", "rank", _parse_int_at_least(0), _constant(16),
+        "16", "integer >= 0",
+        "R: rank of each layer's residual U·Vᵀ (unused when passthrough).",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_PRECOMPUTE_OUTSIDE", "precompute_outside", _parse_bool, _constant(True),
+        "1", _BOOL,
+        "Build W_eff on the host at load time and serve plain (or NVFP4) weights; "
+        "0 serves the theta bundle and reconstructs in the graph.",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_PRECOMPUTE", "precompute", _parse_bool, _constant(False),
+        "0", _BOOL,
+        "With PRECOMPUTE_OUTSIDE=0: fold W_eff once inside the graph instead of "
+        "reconstructing on every forward pass.",
+    ),
+    Setting(
+        "ATTNQUANT_QUANT", "quant", _parse_choice("none", "nvfp4"), _constant("none"),
+        "none", "none, nvfp4",
+        "nvfp4: quantize every projection (not in QUANT_IGNORE) to NVFP4 at load time.",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_QUANT_IGNORE", "quant_ignore", _parse_fragments, _constant(()),
+        "(empty)", "comma list of dotted module-name fragments",
+        "Projections left unquantized: a fragment matches whole name components, "
+        "e.g. self_attn, mlp, o_proj, layers.0.",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_SCALE_SEARCH", "scale_search", _parse_choice("rtn", "mse"), _constant("rtn"),
+        "rtn", "rtn, mse",
+        "NVFP4 block scales: rtn is MAX's reference rounding; mse tries neighbouring "
+        "scales per block and keeps the least squared error.",
+        changes_weights=True,
+    ),
+    Setting(
+        "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
+        "auto", f"auto, {_BOOL}",
+        "In-graph reconstruction path: 1 = GEMM formulation, 0 = generated_linear "
+        "kernel, auto = chosen per accelerator.",
+    ),
+    Setting(
+        "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),
+        "1", _BOOL,
+        "Fuse the q, k and v projections (and gate/up) into one matmul each.",
+    ),
+    Setting(
+        "ATTNQUANT_FUSED_MLP", "fused_mlp", _parse_bool, _constant(True),
+        "1", _BOOL,
+        "Use the fused MLP kernel variant where available.",
+    ),
+    Setting(
+        "ATTNQUANT_CACHE", "cache", _parse_bool, _constant(True),
+        "1", _BOOL,
+        "Keep quantized weights in an on-disk cache so the next load skips quantization.",
+    ),
+    Setting(
+        "ATTNQUANT_CACHE_DIR", "cache_dir", lambda raw: Path(raw.strip()).expanduser(),
+        _default_cache_dir,
+        "${XDG_CACHE_HOME:-~/.cache}/attnquant", "a writable directory path",
+        "Where the quantized-weight cache lives.",
+    ),
+    Setting(
+        "ATTNQUANT_LOG_LEVEL", "log_level", _parse_log_level, _constant("INFO"),
+        "INFO", "DEBUG, INFO, WARNING, ERROR",
+        "Level of attnquant's log lines.",
+    ),
+)  # fmt: skip
+
+_SETTING_BY_ENV = {setting.env: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True)
+class AttnQuantConfig:
+    """Every attnquant setting; see :data:`SETTINGS` for each one's meaning."""
+
+    blocks: int | None = None
+    rank: int = 16
+    precompute_outside: bool = True
+    precompute: bool = False
+    quant: Literal["none", "nvfp4"] = "none"
+    quant_ignore: tuple[str, ...] = ()
+    scale_search: Literal["rtn", "mse"] = "rtn"
+    gemm: bool | None = None
+    qkv_fuse: bool = True
+    fused_mlp: bool = True
+    cache: bool = True
+    cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AttnQuantConfig:
+        """Reads every ATTNQUANT_* variable; unset or empty means the default.
+
+        Raises:
+            ValueError: one error listing every invalid variable, its value
+                and what it allows.
+
+        Warns:
+            UserWarning: for an ATTNQUANT_* name that is not a setting, with
+                the closest valid name.
+        """
+        _warn_unknown_names(env)
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for setting in SETTINGS:
+            raw = env.get(setting.env, "")
+            if not raw.strip():
+                values[setting.field] = setting.default(env)
+                continue
+            try:
+                values[setting.field] = setting.parse(raw)
+            except ValueError:
+                problems.append(f"{setting.env}={raw!r} is invalid; allowed: {setting.allowed}")
+        if problems:
+            raise ValueError("invalid attnquant configuration:\n  " + "\n  ".join(problems))
+        return cls(**values)
+
+    def weight_fingerprint(self) -> dict[str, Any]:
+        """The settings that change the produced weights (cache-key material)."""
+        return {
+            setting.field: _json_value(getattr(self, setting.field))
+            for setting in SETTINGS
+            if setting.changes_weights
+        }
+
+    def describe(self) -> str:
+        """One line for logs, e.g. ``attnquant: blocks=layers rank=16 ...``."""
+        parts = [f"{setting.field}={_display(setting, getattr(self, setting.field))}" for setting in SETTINGS]
+        return "attnquant: " + " ".join(parts)
+
+
+def _warn_unknown_names(env: Mapping[str, str]) -> None:
+    for name in env:
+        if name.startswith(ENV_PREFIX) and name not in _SETTING_BY_ENV:
+            close = difflib.get_close_matches(name, _SETTING_BY_ENV, n=1, cutoff=0.0)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.warn(f"unknown attnquant variable {name} is ignored{hint}", UserWarning, stacklevel=3)
+
+
+def _json_value(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _display(setting: Setting, value: Any) -> str:
+    if value is None:
+        return "layers" if setting.field == "blocks" else "auto"
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, tuple):
+        return ",".join(value) or "-"
+    return str(value)
+
+
+def settings_markdown_table() -> str:
+    """The table docs/configuration.md carries (a test keeps them equal)."""
+    lines = [
+        "| Variable | Default | Allowed | Effect |",
+        "| --- | --- | --- | --- |",
+        *(
+            f"| `{s.env}` | `{s.default_text}` | {s.allowed} | {s.effect} |"
+            for s in SETTINGS
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# The table and the dataclass must describe the same fields, in the same order.
+assert [s.field for s in SETTINGS] == [f.name for f in dataclasses.fields(AttnQuantConfig)]

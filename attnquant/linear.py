@@ -1,0 +1,68 @@
+"""Run-time projection modules (MAX ModuleV3) built from a ``ProjectionPlan``.
+
+Each module declares exactly the tensors ``runtime_layout`` writes, so MAX's
+weight binding checks names, shapes and dtypes for us.
+"""
+
+from __future__ import annotations
+
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.nn import Module
+from max.experimental.nn.sequential import ModuleList
+from max.experimental.tensor import Tensor
+
+from attnquant import nvfp4_graph
+from attnquant.runtime_layout import PartPlan
+
+
+class DenseProjection(Module[[Tensor], Tensor]):
+    """``x @ W.T`` with W in the model dtype."""
+
+    def __init__(self, part: PartPlan) -> None:
+        super().__init__()
+        self.weight = Tensor.zeros([part.out_dim, part.in_dim])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T
+
+
+class NVFP4Projection(Module[[Tensor], Tensor]):
+    """``x @ dequant(W).T`` with W kept packed (ModelOpt NVFP4, scales as bits)."""
+
+    def __init__(self, part: PartPlan) -> None:
+        super().__init__()
+        n, k = part.out_dim, part.in_dim
+        self.per_row_scale = len(part.members) > 1
+        self.weight = Tensor.zeros([n, k // 2], dtype=DType.uint8)
+        self.weight_scale = Tensor.zeros([n, k // 16], dtype=DType.uint8)
+        self.weight_scale_2 = Tensor.zeros(
+            [n if self.per_row_scale else 1], dtype=DType.float32
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.per_row_scale:
+            return nvfp4_graph.linear(x, self.weight, self.weight_scale, self.weight_scale_2)
+        # Fused members keep their own global scales: decode at scale 1, then
+        # apply each output row's scale to the (small) activation output.
+        one = F.constant(1.0, DType.float32, device=self.weight.device).reshape([1])
+        y = nvfp4_graph.linear(x, self.weight, self.weight_scale, one)
+        return y * F.cast(self.weight_scale_2, y.dtype)
+
+
+class ProjectionGroup(ModuleList[Module[[Tensor], Tensor]]):
+    """Several parts of one fused group; outputs concatenated in member order."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.concat([part(x) for part in self], axis=-1)
+
+
+def build_part(part: PartPlan) -> Module[[Tensor], Tensor]:
+    return NVFP4Projection(part) if part.kind == "nvfp4" else DenseProjection(part)
+
+
+def build_projection(parts: tuple[PartPlan, ...]) -> Module[[Tensor], Tensor]:
+    """One module for a group: the part itself, or a ``ProjectionGroup``."""
+    if len(parts) == 1:
+        return build_part(parts[0])
+    return ProjectionGroup([build_part(p) for p in parts])

@@ -1,0 +1,144 @@
+"""The load-time pipeline MAX architectures call once, before compiling.
+
+checkpoint tensors -> (cache hit? load) -> theta -> W_eff -> NVFP4 ->
+fused run-time layout. Logs one line saying which path it took, the NVFP4
+coverage, the projection bytes before -> after and whether the cache hit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from max.dtype import DType
+
+from attnquant.cache import CacheKey, QuantizedWeightCache
+from attnquant.checkpoint import checkpoint_identity
+from attnquant.config import AttnQuantConfig
+from attnquant.projections import find_projections
+from attnquant.reconstruct import precompute_outside
+from attnquant.runtime_layout import ProjectionPlan, kind_of, to_runtime_layout
+from attnquant.theta import band_size
+
+# A child of MAX's logger, so the line shows in `max serve`/`generate` output.
+logger = logging.getLogger("max.pipelines.attnquant")
+SUMMARY_PREFIX = "attnquant load:"
+
+_TORCH_DTYPES = {
+    DType.float32: torch.float32,
+    DType.bfloat16: torch.bfloat16,
+    DType.float16: torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    state_dict: dict[str, torch.Tensor]
+    plan: ProjectionPlan
+    summary: str
+    cache_hit: bool
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    if dtype not in _TORCH_DTYPES:
+        raise ValueError(f"attnquant serves float32, bfloat16 or float16 models, not {dtype}")
+    return _TORCH_DTYPES[dtype]
+
+
+def to_torch(value: Any) -> torch.Tensor:
+    """A MAX ``WeightData`` (or any DLPack array) as a torch tensor, no copy."""
+    return torch.from_dlpack(getattr(value, "data", value))
+
+
+def check_config(config: AttnQuantConfig, num_layers: int) -> None:
+    """Errors that must surface before MAX spends minutes compiling."""
+    if not config.precompute_outside or config.precompute:
+        raise ValueError(
+            "in-graph reconstruction (ATTNQUANT_PRECOMPUTE_OUTSIDE=0 or "
+            "ATTNQUANT_PRECOMPUTE=1) is not available in this release; unset both "
+            "to serve the precomputed effective weights"
+        )
+    band_size(num_layers, config.blocks or num_layers)
+
+
+def needs_precompute(config: AttnQuantConfig, num_layers: int) -> bool:
+    """False when the served weights are the checkpoint's own (G = L, no quantization)."""
+    return config.quant != "none" or (config.blocks or num_layers) < num_layers
+
+
+def prepare_weights(
+    state_dict: Mapping[str, Any],
+    config: AttnQuantConfig,
+    *,
+    checkpoint_files: Sequence[Path],
+    num_layers: int,
+    dtype: DType,
+) -> PreparedWeights:
+    """The run-time state dict and projection plan for one model load."""
+    check_config(config, num_layers)
+    tensors = {name: to_torch(value) for name, value in state_dict.items()}
+    start = time.monotonic()
+    served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
+    runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
+    summary = _summary(tensors, served, config, num_layers, hit, time.monotonic() - start)
+    logger.info(summary)
+    return PreparedWeights(runtime, plan, summary, hit)
+
+
+def _served_tensors(
+    tensors: dict[str, torch.Tensor],
+    config: AttnQuantConfig,
+    checkpoint_files: Sequence[Path],
+    num_layers: int,
+) -> tuple[dict[str, torch.Tensor], bool]:
+    if not needs_precompute(config, num_layers):
+        return tensors, False
+    projection_names = {key.weight_name for key in find_projections(tensors)}
+    others = {k: v for k, v in tensors.items() if k not in projection_names}
+    projections = {k: v for k, v in tensors.items() if k in projection_names}
+
+    def build() -> dict[str, torch.Tensor]:
+        logger.info("attnquant: computing served weights (%s)", config.describe())
+        return precompute_outside(projections, config).state_dict
+
+    if not config.cache:
+        return {**others, **build()}, False
+    model_dir = Path(checkpoint_files[0]).parent
+    key = CacheKey.for_model(checkpoint_identity(model_dir), config)
+    cached, hit = QuantizedWeightCache(config.cache_dir).load_or_build(key, build)
+    return {**others, **cached}, hit
+
+
+def _summary(
+    before: Mapping[str, torch.Tensor],
+    served: Mapping[str, torch.Tensor],
+    config: AttnQuantConfig,
+    num_layers: int,
+    hit: bool,
+    seconds: float,
+) -> str:
+    modules = [key.module_name for key in find_projections(before)]
+    quantized = sum(kind_of(served, m) == "nvfp4" for m in modules)
+    bytes_before = sum(_nbytes(before[f"{m}.weight"]) for m in modules)
+    module_set = set(modules)
+    bytes_after = sum(
+        _nbytes(t) for name, t in served.items() if name.rsplit(".", 1)[0] in module_set
+    )
+    blocks = config.blocks or num_layers
+    theta = "passthrough" if blocks == num_layers else f"R={config.rank}"
+    source = "quantized-weight cache hit" if hit else f"prepared in {seconds:.1f}s"
+    return (
+        f"{SUMMARY_PREFIX} path=precompute-outside theta G={blocks}/{num_layers} ({theta}) "
+        f"quant={config.quant}; NVFP4 {quantized}/{len(modules)} projections; projection "
+        f"bytes {bytes_before / 2**20:.1f} MiB -> {bytes_after / 2**20:.1f} MiB "
+        f"({bytes_before / max(bytes_after, 1):.2f}x); {source}"
+    )
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

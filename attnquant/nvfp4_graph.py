@@ -1,0 +1,52 @@
+"""NVFP4 inside a MAX graph with stock ops only: the portable path.
+
+The packed weights stay packed in device memory; every forward pass decodes
+them with two table lookups (a packed byte -> its two E2M1 values, a scale
+byte -> its E4M3 value) and feeds the result to an ordinary matmul. It runs on
+any device MAX runs on, which is why it is the CPU path and the fallback on
+GPUs that have no faster kernel. It is not fast: the decoded weight is
+materialized each step. ``attnquant.kernels`` chooses between this and the
+Mojo kernels.
+
+Scales travel as uint8 bits, not float8: MAX has no float8_e4m3fn on CPU.
+"""
+
+from __future__ import annotations
+
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.tensor import Tensor
+
+from attnquant import nvfp4
+
+BLOCK = nvfp4.BLOCK_SIZE
+
+
+def dequantize_weight(
+    packed: Tensor, scale_bits: Tensor, global_scale: Tensor, dtype: DType
+) -> Tensor:
+    """Decodes ModelOpt NVFP4 ``[N, K/2]`` bytes to a ``[N, K]`` weight."""
+    n, half_k = int(packed.shape[0]), int(packed.shape[1])
+    k = 2 * half_k
+    if int(scale_bits.shape[1]) * BLOCK != k:
+        raise ValueError(
+            f"NVFP4 scale shape {list(scale_bits.shape)} does not match packed "
+            f"shape {[n, half_k]}: expected [{n}, {k // BLOCK}]"
+        )
+    device = packed.device
+    pair_table = F.constant(nvfp4.packed_byte_decode_table().numpy(), device=device)
+    scale_table = F.constant(nvfp4.e4m3_decode_table().numpy(), device=device)
+    # gather wants integer indices wider than a byte.
+    values = F.gather(pair_table, F.cast(packed, DType.int32), axis=0)
+    scales = F.gather(scale_table, F.cast(scale_bits, DType.int32), axis=0)
+    blocks = F.reshape(values, [n, k // BLOCK, BLOCK]) * F.unsqueeze(scales, -1)
+    weight = F.reshape(blocks, [n, k]) * F.cast(global_scale, DType.float32)
+    return F.cast(weight, dtype)
+
+
+def linear(
+    x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor
+) -> Tensor:
+    """``x @ dequant(W).T`` in ``x``'s dtype (float32 accumulation on CPU)."""
+    weight = dequantize_weight(packed, scale_bits, global_scale, x.dtype)
+    return x @ weight.T

@@ -1,0 +1,155 @@
+"""The run-time layout: fused projection groups, as the graph modules take them.
+
+Load time produces one tensor set per projection (a dense ``weight``, or the
+ModelOpt NVFP4 set ``weight``/``weight_scale``/``weight_scale_2``/
+``input_scale``). At run time q|k|v and gate|up are each one matmul, so this
+step concatenates their tensors along the output rows once, at load.
+
+Members of a group fuse only with neighbours of the same kind: with
+``ATTNQUANT_QUANT_IGNORE=q_proj`` the attention input becomes a dense part
+(q) and an NVFP4 part (k|v). A group with one part is stored under the group
+name itself (``qkv_proj.weight``); one with several under ``qkv_proj.0.``,
+``qkv_proj.1.`` and so on.
+
+NVFP4 parts carry their decode scale as ``weight_scale_2``: a ``[1]`` tensor
+for a single projection, and a per-output-row ``[N]`` vector for a fused part,
+because each member keeps the global scale it was quantized with.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+# (block, group name, members in output order)
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("self_attn", "o_proj", ("o_proj",)),
+    ("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+    ("mlp", "down_proj", ("down_proj",)),
+)
+
+_BLOCK_RE = re.compile(r"^(?P<block>.*layers\.\d+\.(?:self_attn|mlp))\.")
+
+Kind = Literal["dense", "nvfp4"]
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """One run-time matmul: consecutive group members of one kind."""
+
+    kind: Kind
+    members: tuple[str, ...]
+    out_dims: tuple[int, ...]
+    in_dim: int
+
+    @property
+    def out_dim(self) -> int:
+        return sum(self.out_dims)
+
+
+# "model.layers.3.self_attn.qkv_proj" -> its parts, in output order.
+ProjectionPlan = dict[str, tuple[PartPlan, ...]]
+
+
+def kind_of(state_dict: Mapping[str, torch.Tensor], module: str) -> Kind:
+    return "nvfp4" if f"{module}.weight_scale" in state_dict else "dense"
+
+
+def _out_in(state_dict: Mapping[str, torch.Tensor], module: str) -> tuple[int, int]:
+    rows, cols = state_dict[f"{module}.weight"].shape
+    # A packed NVFP4 row holds two values per byte.
+    return rows, cols * (2 if kind_of(state_dict, module) == "nvfp4" else 1)
+
+
+def plan_group(
+    state_dict: Mapping[str, torch.Tensor],
+    block: str,
+    members: tuple[str, ...],
+    fuse: bool,
+) -> tuple[PartPlan, ...]:
+    """Splits a group's present members into runs of one kind (singletons if not ``fuse``)."""
+    runs: list[list[str]] = []
+    for member in members:
+        module = f"{block}.{member}"
+        if f"{module}.weight" not in state_dict:
+            continue  # e.g. Gemma 4 layers where k and v share one projection
+        same_kind = runs and kind_of(state_dict, f"{block}.{runs[-1][-1]}") == kind_of(
+            state_dict, module
+        )
+        if fuse and same_kind:
+            runs[-1].append(member)
+        else:
+            runs.append([member])
+    parts = []
+    for run in runs:
+        shapes = [_out_in(state_dict, f"{block}.{m}") for m in run]
+        in_dims = {k for _, k in shapes}
+        if len(in_dims) != 1:
+            raise ValueError(f"cannot fuse {block}.{run}: input widths differ {shapes}")
+        parts.append(
+            PartPlan(
+                kind=kind_of(state_dict, f"{block}.{run[0]}"),
+                members=tuple(run),
+                out_dims=tuple(n for n, _ in shapes),
+                in_dim=in_dims.pop(),
+            )
+        )
+    return tuple(parts)
+
+
+def _fuse_dense(sd: MutableMapping[str, torch.Tensor], modules: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {"weight": torch.cat([sd.pop(f"{m}.weight") for m in modules]).to(dtype)}
+
+
+def _fuse_nvfp4(sd: MutableMapping[str, torch.Tensor], modules: list[str]) -> dict[str, torch.Tensor]:
+    packed = [sd.pop(f"{m}.weight") for m in modules]
+    scale_bits = [sd.pop(f"{m}.weight_scale").view(torch.uint8) for m in modules]
+    globals_ = [sd.pop(f"{m}.weight_scale_2").float().reshape(1) for m in modules]
+    for m in modules:
+        sd.pop(f"{m}.input_scale", None)  # weight-only: activations stay unquantized
+    if len(modules) == 1:
+        global_scale = globals_[0]
+    else:
+        global_scale = torch.cat(
+            [g.expand(p.shape[0]) for g, p in zip(globals_, packed, strict=True)]
+        )
+    return {
+        "weight": torch.cat(packed),
+        "weight_scale": torch.cat(scale_bits),
+        "weight_scale_2": global_scale.contiguous(),
+    }
+
+
+def to_runtime_layout(
+    state_dict: Mapping[str, torch.Tensor], *, fuse: bool, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], ProjectionPlan]:
+    """Fuses projection groups; casts dense floating tensors to ``dtype``."""
+    sd = dict(state_dict)
+    blocks = sorted({m.group("block") for k in sd if (m := _BLOCK_RE.match(k))})
+    plan: ProjectionPlan = {}
+    for block in blocks:
+        for block_kind, group, members in GROUPS:
+            if not block.endswith(block_kind):
+                continue
+            parts = plan_group(sd, block, members, fuse)
+            if not parts:
+                continue
+            plan[f"{block}.{group}"] = parts
+            for i, part in enumerate(parts):
+                modules = [f"{block}.{m}" for m in part.members]
+                tensors = (
+                    _fuse_nvfp4(sd, modules)
+                    if part.kind == "nvfp4"
+                    else _fuse_dense(sd, modules, dtype)
+                )
+                name = f"{block}.{group}" if len(parts) == 1 else f"{block}.{group}.{i}"
+                sd.update({f"{name}.{k}": v for k, v in tensors.items()})
+    for key, value in sd.items():
+        if value.is_floating_point() and value.dtype != dtype and not key.endswith("weight_scale_2"):
+            sd[key] = value.to(dtype)
+    return sd, plan

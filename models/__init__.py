@@ -1,0 +1,1 @@
+"""MAX architectures served by attnquant (one package per model family)."""

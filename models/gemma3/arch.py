@@ -1,0 +1,43 @@
+"""Registers our Gemma 3 under MAX's own name, so it replaces the built-in.
+
+A custom architecture with a built-in's name wins the lookup
+(``--custom-architectures``), and MAX's registry resolves the base name
+before any ``_ModuleV3`` variant, so ``Gemma3ForCausalLM`` checkpoints are
+served by this one, on CPU and GPU alike.
+"""
+
+from __future__ import annotations
+
+from max.graph.weights import WeightsFormat
+from max.pipelines.context import TextContext
+from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
+from max.pipelines.lib import SupportedArchitecture, TextTokenizer
+from max.pipelines.modeling.types import PipelineTask
+
+from . import weight_adapters
+from .inputs import AttnQuantGemma3BatchProcessor
+from .model import AttnQuantGemma3Model
+from .model_config import AttnQuantGemma3Config
+
+gemma3_arch = SupportedArchitecture(
+    name="Gemma3ForCausalLM",
+    example_repo_ids=["google/gemma-3-270m-it", "google/gemma-3-1b-it"],
+    default_encoding="bfloat16",
+    supported_encodings=AttnQuantGemma3Config.SUPPORTED_ENCODINGS,
+    pipeline_model=AttnQuantGemma3Model,
+    task=PipelineTask.TEXT_GENERATION,
+    tokenizer=TextTokenizer,
+    context_type=TextContext,
+    default_weights_format=WeightsFormat.safetensors,
+    multi_gpu_supported=False,
+    weight_adapters={
+        WeightsFormat.safetensors: weight_adapters.convert_safetensor_state_dict,
+    },
+    config=AttnQuantGemma3Config,
+    batching=AttnQuantGemma3BatchProcessor,
+    memory_planner=PagedMemoryPlanner,
+    # Our inputs define the buffer ABI (inputs.py), so the decode step can be
+    # captured and replayed as one device graph.
+    supports_device_graph_capture=True,
+    supports_overlap_scheduler=False,
+)

@@ -1,0 +1,1 @@
+"""Gemma 3 modules whose projections come from an attnquant ``ProjectionPlan``."""

@@ -1,0 +1,59 @@
+"""Fails loudly when MAX changes under one of attnquant's assumptions.
+
+Each test names the workaround in ``attnquant/max_compat.py`` or the MAX
+internal our Gemma 3 builds on; when one fails, revisit that code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from importlib.metadata import version
+
+from max.graph.weights import SafetensorWeights
+from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3
+from max.pipelines.architectures.gemma3_modulev3.inputs import Gemma3Inputs
+from max.pipelines.architectures.gemma3_modulev3.layers.attention import Gemma3Attention
+from max.pipelines.architectures.gemma3_modulev3.model_config import Gemma3Config
+from max.pipelines.lib.interfaces.pipeline_model import ModuleV3PipelineModelWithKVCache
+
+from attnquant.max_compat import MAX_VERSION
+from models.gemma3.layers.attention import _ADOPTED
+from models.gemma3.model_config import AttnQuantGemma3Config
+
+
+def test_max_version_is_the_one_we_target() -> None:
+    assert version("max") == MAX_VERSION
+
+
+def test_gemma3_config_still_lacks_devices() -> None:
+    # DevicesFromMesh exists only because of this; delete it when MAX adds one.
+    assert "devices" not in {f.name for f in dataclasses.fields(Gemma3Config)}
+    assert not hasattr(Gemma3Config, "devices")
+    assert hasattr(AttnQuantGemma3Config, "devices")
+
+
+def test_safetensor_weights_keep_their_files_privately() -> None:
+    source = inspect.getsource(SafetensorWeights.__init__)
+    assert "self._filepaths" in source
+
+
+def test_builtin_inputs_have_no_buffer_abi_and_forward_order_is_ours() -> None:
+    fields = {f.name for f in dataclasses.fields(Gemma3Inputs)}
+    assert {"tokens", "input_row_offsets", "return_n_logits"} <= fields
+    assert "buffers" not in Gemma3Inputs.__dict__
+    params = list(inspect.signature(Gemma3.forward).parameters)
+    # AttnQuantGemma3Inputs.buffers returns exactly this order.
+    assert params[:4] == ["self", "tokens", "return_n_logits", "input_row_offsets"]
+
+
+def test_attention_config_attributes_we_adopt_exist() -> None:
+    source = inspect.getsource(Gemma3Attention.__init__)
+    for name in _ADOPTED:
+        assert f"self.{name} =" in source, name
+
+
+def test_modulev3_load_model_still_calls_prepare_state_dict() -> None:
+    source = inspect.getsource(ModuleV3PipelineModelWithKVCache.load_model)
+    assert "self._prepare_state_dict(state_dict, model_config)" in source

@@ -1,0 +1,301 @@
+"""attnquant.nvfp4 against MAX's host reference, bit for bit."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnquant import nvfp4
+from attnquant.nvfp4 import NVFP4Weight, ScalePolicy
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@pytest.fixture(params=["direct", "tabulated"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with 16-bit inputs encoded directly, then through tables
+    (quantize picks tables only for big tensors; these force either)."""
+    monkeypatch.setattr(nvfp4, "_TABLE_PAYOFF", math.inf if request.param == "direct" else 0)
+    return request.param
+
+
+def reference(ref: ModuleType, weight: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.float32]:
+    """MAX's (packed, scale bits, decode scale) for a weight (as float32, exact)."""
+    with np.errstate(all="ignore"):  # it divides by zero on all-zero input
+        packed, scales, decode = ref.quantize_nvfp4(weight.float().numpy(), ref.FP4Format.NVFP4)
+    return packed, scales.reshape(scales.shape[:-1]), np.float32(decode)
+
+
+def assert_matches_reference(ref: ModuleType, weight: torch.Tensor, **kwargs) -> NVFP4Weight:
+    q = nvfp4.quantize(weight, **kwargs)
+    packed, scale_bits, decode = reference(ref, weight)
+    np.testing.assert_array_equal(q.packed.numpy(), packed, err_msg="packed codes differ")
+    np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits, err_msg="scale bits differ")
+    assert q.global_scale.numpy().view(np.uint32) == decode.view(np.uint32), (
+        f"global scale {q.global_scale.item()!r} != reference {decode!r}"
+    )
+    return q
+
+
+def gaussian(rows: int, cols: int, scale: float, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def edge_cases(rows: int = 32, cols: int = 128) -> torch.Tensor:
+    """Zero blocks, -0.0, blocks far below the tensor's amax (E4M3 subnormal
+    and zero scales), an outlier, exact E2M1 grid values and ties."""
+    w = gaussian(rows, cols, 1.0)
+    w[0] = 0.0
+    w[1, :16] = -0.0
+    w[2, :16] = 1e-6  # scale underflows to E4M3 zero
+    w[3] *= 2.0**-12  # E4M3 subnormal scales
+    w[4, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2) * torch.tensor([1.0, -1.0] * 8)
+    w[5, :16] = -1e-3  # negatives that round to zero keep their sign bit
+    w[6, 5] = 300.0  # outlier sets the global scale
+    return w
+
+
+KINDS = {
+    "gaussian": lambda: gaussian(64, 256, 0.02),
+    "outliers": lambda: gaussian(64, 256, 1.0) * (1 + 1000 * (torch.rand(64, 256, generator=torch.Generator().manual_seed(1)) < 0.01)),
+    "heavy_tail": lambda: torch.distributions.StudentT(1.5).sample((64, 256)),
+    "all_zero": lambda: torch.zeros(16, 64),
+    "edge_cases": edge_cases,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference(max_fp4_reference: ModuleType, kind: str, dtype: torch.dtype, encoder: str) -> None:
+    weight = KINDS[kind]()
+    if dtype == torch.float16:
+        weight = weight.clamp(-60000, 60000)
+    assert_matches_reference(max_fp4_reference, weight.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=str)
+@pytest.mark.parametrize("magnitude", (1e-30, 1e-20, 1e-8, 1e30, 1e36))
+def test_matches_reference_at_extreme_magnitudes(
+    max_fp4_reference: ModuleType, magnitude: float, dtype: torch.dtype, encoder: str
+) -> None:
+    assert_matches_reference(max_fp4_reference, (edge_cases() * magnitude).to(dtype))
+
+
+def test_matches_reference_when_global_scale_saturates(max_fp4_reference: ModuleType) -> None:
+    # amax ~1e-39 (float32 subnormal): 2688 / amax overflows to FLT_MAX.
+    assert_matches_reference(max_fp4_reference, edge_cases() * 1e-40)
+
+
+def test_matches_reference_on_a_large_bfloat16_tensor(max_fp4_reference: ModuleType) -> None:
+    weight = gaussian(2048, 1024, 0.02).bfloat16()
+    assert isinstance(nvfp4._encoder_for(weight, torch.tensor(1e-5), [torch.arange(16, dtype=torch.uint8)]), nvfp4._TabulatedEncoder)
+    assert_matches_reference(max_fp4_reference, weight)
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_tabulated_encoder_agrees_with_direct_on_every_16bit_input(dtype: torch.dtype) -> None:
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    values = values[torch.isfinite(values)][: 4096 * 16].view(-1, 1, 16)  # one block per row
+    global_decode = torch.tensor(3.7e-4)
+    codes = torch.tensor([0, 1, 7, 8, 50, 100, 125, 126], dtype=torch.uint8)
+    table = nvfp4._TabulatedEncoder(dtype, global_decode, codes)
+    direct = nvfp4._DirectEncoder(global_decode)
+    for code in codes:
+        scale_codes = torch.full(values.shape[:2], int(code), dtype=torch.uint8)
+        assert torch.equal(table.codes(values, scale_codes), direct.codes(values, scale_codes))
+        assert torch.equal(table.block_errors(values, scale_codes), direct.block_errors(values, scale_codes))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    blocks=st.integers(1, 4),
+    data=st.data(),
+)
+def test_matches_reference_on_arbitrary_float32(max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject) -> None:
+    values = data.draw(
+        st.lists(
+            st.floats(width=32, allow_nan=False, allow_infinity=False),
+            min_size=rows * blocks * 16,
+            max_size=rows * blocks * 16,
+        )
+    )
+    weight = torch.tensor(values, dtype=torch.float32).view(rows, blocks * 16)
+    assert_matches_reference(max_fp4_reference, weight)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 6), blocks=st.integers(1, 4), data=st.data())
+def test_matches_reference_on_arbitrary_bfloat16_bits(max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject) -> None:
+    # Every finite bfloat16 bit pattern is fair game: subnormals, -0.0, huge.
+    finite_bits = st.integers(-32768, 32767).filter(lambda b: (b & 0x7F80) != 0x7F80)
+    bits = data.draw(st.lists(finite_bits, min_size=rows * blocks * 16, max_size=rows * blocks * 16))
+    weight = torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16).view(rows, blocks * 16)
+    assert_matches_reference(max_fp4_reference, weight)
+
+
+@pytest.mark.parametrize("chunk_rows", (1, 3, 1000))
+def test_chunking_does_not_change_the_result(chunk_rows: int) -> None:
+    weight = edge_cases(rows=20).bfloat16()
+    whole, chunked = nvfp4.quantize(weight), nvfp4.quantize(weight, chunk_rows=chunk_rows)
+    assert torch.equal(whole.packed, chunked.packed)
+    assert torch.equal(whole.block_scale_bits(), chunked.block_scale_bits())
+
+
+def test_e2m1_encoder_matches_reference_at_every_threshold(max_fp4_reference: ModuleType) -> None:
+    # The whole [-16, 16] float32 range was checked exhaustively once; here the
+    # rounding thresholds, one ulp either side, and the special values.
+    points = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 1e30])
+    values = torch.cat([points, torch.nextafter(points, torch.tensor(-1.0)), torch.nextafter(points, torch.tensor(100.0))])
+    values = torch.cat([values, -values, torch.tensor([1e-45, -1e-45, math.inf, -math.inf])])
+    ref_codes = max_fp4_reference.pack_pairs_e2m1_uint8(max_fp4_reference.round_to_e2m1(values.numpy()))
+    expected = np.stack([ref_codes & 0xF, ref_codes >> 4], axis=1).reshape(-1)[: len(values)]
+    np.testing.assert_array_equal(nvfp4._e2m1_codes(values).numpy(), expected)
+
+
+def test_e4m3_scale_encoding_matches_reference(max_fp4_reference: ModuleType) -> None:
+    # Every E4M3 value, the midpoints between neighbours, one float32 ulp
+    # either side, and values past the 448 saturation point.
+    grid = nvfp4.e4m3_decode_table()[:0x7F]
+    midpoints = (grid[:-1] + grid[1:]) / 2
+    values = torch.cat([grid, midpoints, torch.tensor([449.0, 464.0, 480.0, 1e30, math.inf])])
+    values = torch.cat([values, torch.nextafter(values, torch.tensor(0.0)), torch.nextafter(values, torch.tensor(math.inf))])
+    with np.errstate(all="ignore"):
+        expected = max_fp4_reference.encode_f32_to_e4m3(values.numpy())
+    ours = nvfp4._rtn_scale_codes(values * 6.0, torch.tensor(1.0))
+    # _rtn_scale_codes takes block amax (6x the scale); 6x is exact except
+    # where it overflows, which saturates either way.
+    np.testing.assert_array_equal(ours.numpy(), expected)
+
+
+def test_decode_tables_match_reference(max_fp4_reference: ModuleType) -> None:
+    ref = max_fp4_reference
+    np.testing.assert_array_equal(np.array(nvfp4.E2M1_VALUES, dtype=np.float32), ref.e2m1_decode_table(ref.FP4Format.NVFP4))
+    table = nvfp4.e4m3_decode_table()
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    np.testing.assert_array_equal(table.numpy()[finite], ref.unpack_e4m3_uint8_to_fp32(finite))
+    assert torch.isnan(table[[0x7F, 0xFF]]).all()
+    pairs = ref.unpack_pairs_e2m1_to_fp32(np.arange(256, dtype=np.uint8)).reshape(256, 2)
+    np.testing.assert_array_equal(nvfp4.packed_byte_decode_table().numpy(), pairs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_matches_reference(max_fp4_reference: ModuleType, kind: str, encoder: str) -> None:
+    weight = KINDS[kind]().bfloat16()
+    q = nvfp4.quantize(weight)
+    with np.errstate(all="ignore"):
+        expected = max_fp4_reference.dequantize_nvfp4(
+            q.packed.numpy(), q.block_scale_bits().numpy()[..., None], np.float32(q.global_scale.item()),
+            max_fp4_reference.FP4Format.NVFP4,
+        )  # fmt: skip
+    np.testing.assert_array_equal(nvfp4.dequantize(q).numpy(), expected)
+    assert nvfp4.dequantize(q, torch.bfloat16).dtype == torch.bfloat16
+
+
+def block_view(weight: torch.Tensor) -> torch.Tensor:
+    return weight.float().reshape(weight.shape[0], -1, 16)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_error_is_bounded_by_block_amax(kind: str) -> None:
+    weight = KINDS[kind]()
+    q = nvfp4.quantize(weight)
+    error = block_view(weight - nvfp4.dequantize(q)).abs().amax(-1)
+    block_amax = block_view(weight).abs().amax(-1)
+    # Half the widest E2M1 gap (4 -> 6) is 1/6 of the block max; the E4M3
+    # scale can round down by up to 1/16, and a block too small for any
+    # E4M3 scale loses at most half the smallest subnormal step per unit.
+    bound = block_amax * (1 / 6) * (1 + 1 / 16) + 6 * 2.0**-10 * q.global_scale
+    assert (error <= bound * (1 + 1e-6)).all(), f"worst excess {(error - bound).max().item()}"
+
+
+def test_typical_relative_error() -> None:
+    weight = gaussian(256, 1024, 0.02)
+    relative = (weight - nvfp4.dequantize(nvfp4.quantize(weight))).norm() / weight.norm()
+    assert 0.05 < relative < 0.15  # NVFP4 on Gaussian data is ~0.1
+
+
+def block_errors(weight: torch.Tensor, q: NVFP4Weight) -> torch.Tensor:
+    return (block_view(weight).double() - block_view(nvfp4.dequantize(q)).double()).square().sum(-1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    blocks=st.integers(1, 3),
+    dtype=st.sampled_from(DTYPES),
+    scale=st.sampled_from([1e-6, 0.02, 1.0, 1e4]),
+    seed=st.integers(0, 2**31 - 1),
+    heavy=st.booleans(),
+)
+def test_mse_never_increases_a_block_error(rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, heavy: bool) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, blocks * 16, generator=generator) * scale
+    if heavy:
+        weight = weight * torch.rand(rows, blocks * 16, generator=generator).pow(-2)
+    weight = weight.clamp(-60000, 60000).to(dtype)  # float16 overflows past 65504
+    rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
+    rtn_error, mse_error = block_errors(weight, rtn), block_errors(weight, mse)
+    # Both sides are float64 sums of the same float32 terms, in possibly
+    # different order: allow that rounding, nothing more.
+    assert (mse_error <= rtn_error * (1 + 1e-12) + 1e-300).all()
+    assert torch.equal(mse.global_scale, rtn.global_scale)
+
+
+def test_mse_lowers_the_error_of_gaussian_weights(encoder: str) -> None:
+    for dtype in DTYPES:
+        weight = gaussian(64, 256, 0.02).to(dtype)
+        rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
+        assert block_errors(weight, mse).sum() < 0.97 * block_errors(weight, rtn).sum()
+        assert not torch.equal(mse.block_scale_bits(), rtn.block_scale_bits())
+
+
+def test_mse_keeps_zero_blocks_identical_to_rtn() -> None:
+    weight = torch.zeros(4, 64)
+    rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
+    assert torch.equal(rtn.packed, mse.packed) and torch.equal(rtn.block_scale_bits(), mse.block_scale_bits())
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        (torch.zeros(4, 40), "K = 40"),
+        (torch.zeros(0, 16), "non-empty 2-D"),
+        (torch.zeros(16), "non-empty 2-D"),
+        (torch.zeros(2, 2, 16), "non-empty 2-D"),
+        (torch.zeros(2, 16, dtype=torch.int32), "floating point"),
+        (torch.tensor([[1.0] * 15 + [math.nan]]), r"NaN or Inf \(first at \[0, 15\]"),
+        (torch.tensor([[1.0] * 16, [1.0] * 3 + [-math.inf] + [1.0] * 12]).bfloat16(), r"first at \[1, 3\]"),
+    ],
+)
+def test_bad_input_is_a_value_error_naming_the_tensor(weight: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        nvfp4.quantize(weight, name="model.layers.3.mlp.up_proj.weight")
+    assert "model.layers.3.mlp.up_proj.weight" in str(error.value)
+
+
+def test_nvfp4_weight_checks_its_fields() -> None:
+    q = nvfp4.quantize(gaussian(8, 64, 1.0))
+    assert q.shape == (8, 64) and q.nbytes == 8 * 32 + 8 * 4 + 4
+    assert q.block_scale_bits().dtype == torch.uint8
+    with pytest.raises(ValueError, match="block_scales"):
+        NVFP4Weight(q.packed, q.block_scales[:, :2], q.global_scale)
+    with pytest.raises(ValueError, match="global_scale"):
+        NVFP4Weight(q.packed, q.block_scales, q.global_scale.view(1))
+    with pytest.raises(ValueError, match="packed"):
+        NVFP4Weight(q.packed.float(), q.block_scales, q.global_scale)
+
+
+def test_float64_input_is_rounded_to_float32(max_fp4_reference: ModuleType) -> None:
+    weight = gaussian(8, 64, 1.0).double() * (1 + 1e-12)
+    q = nvfp4.quantize(weight)
+    packed, scale_bits, _ = reference(max_fp4_reference, weight.float())
+    np.testing.assert_array_equal(q.packed.numpy(), packed)
+    np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits)

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     if name == "ARCHITECTURES":
         from models.gemma3 import ARCHITECTURES as gemma3
+        from models.gemma4 import ARCHITECTURES as gemma4
 
-        return [*gemma3]
+        return [*gemma3, *gemma4]
     raise AttributeError(f"module 'attnquant' has no attribute {name!r}")

@@ -20,6 +20,13 @@ _HEADER_LENGTH_BYTES = 8
 _MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
 
 
+def _existing_dir(model_dir: Path | str) -> Path:
+    directory = Path(model_dir)
+    if not directory.is_dir():
+        raise ValueError(f"checkpoint directory {directory} does not exist or is not a directory")
+    return directory
+
+
 def safetensors_files(model_dir: Path | str) -> list[Path]:
     """The checkpoint's ``*.safetensors`` files, sorted by name.
 
@@ -27,9 +34,7 @@ def safetensors_files(model_dir: Path | str) -> list[Path]:
         ValueError: for a missing or unreadable directory, or one without
             safetensors files.
     """
-    directory = Path(model_dir)
-    if not directory.is_dir():
-        raise ValueError(f"checkpoint directory {directory} does not exist or is not a directory")
+    directory = _existing_dir(model_dir)
     try:
         files = sorted(directory.glob("*.safetensors"))
     except OSError as error:
@@ -72,7 +77,7 @@ def read_config(model_dir: Path | str) -> dict[str, Any]:
     Raises:
         ValueError: when it is missing, unreadable or not a JSON object.
     """
-    path = Path(model_dir) / "config.json"
+    path = _existing_dir(model_dir) / "config.json"
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError as error:

@@ -9,7 +9,6 @@ only when the CLI runs, so ``import attnquant`` stays light).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import os
@@ -27,12 +26,14 @@ from attnquant.config import AttnQuantConfig
 from attnquant.projections import PROJECTIONS_BY_BLOCK, ProjectionKey
 from attnquant.reconstruct import PrecomputeReport, precompute_outside
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = ("attnquant.demo",)
 """Modules that register more subcommands (e.g. ``demo-model``, ``verify``)."""
 
 
 @dataclass(frozen=True)
 class Subcommand:
+    """One ``attnquant NAME`` command: its help, its arguments, its body."""
+
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
@@ -58,7 +59,9 @@ def register_subcommand(
 def build_parser() -> argparse.ArgumentParser:
     for module in SUBCOMMAND_MODULES:
         importlib.import_module(module)
-    parser = argparse.ArgumentParser(prog="attnquant", description="Gemma on MAX with NVFP4 projections.")
+    parser = argparse.ArgumentParser(
+        prog="attnquant", description="Gemma on MAX with NVFP4 projections."
+    )
     parser.add_argument("--version", action="version", version=f"attnquant {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in _SUBCOMMANDS.values():
@@ -90,30 +93,57 @@ _REWRITTEN = ("config.json", "hf_quant_config.json")
 
 
 def _add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="Hugging Face checkpoint directory")
-    parser.add_argument("--out", type=Path, required=True, metavar="OUT_DIR", help="where to write the NVFP4 checkpoint")
     parser.add_argument(
-        "--ignore", nargs="+", action="extend", default=None, metavar="FRAG",
-        help="module-name fragments to leave unquantized (self_attn, mlp, o_proj, layers.0, ...)",
-    )  # fmt: skip
-    parser.add_argument("--blocks", type=int, default=None, metavar="N", help="theta bands G (default: layer count)")
-    parser.add_argument("--rank", type=int, default=None, metavar="R", help="theta residual rank (default 16)")
-    parser.add_argument("--scale-search", choices=("rtn", "mse"), default=None, help="block-scale choice (default rtn)")
+        "model_dir", type=Path, metavar="MODEL_DIR", help="Hugging Face checkpoint directory"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="OUT_DIR",
+        help="where to write the NVFP4 checkpoint",
+    )
+    parser.add_argument(
+        "--ignore",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="FRAG",
+        help="module-name fragments to leave unquantized: self_attn, mlp, o_proj, layers.0, ... "
+        "(as ATTNQUANT_QUANT_IGNORE)",
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=None, metavar="N", help="theta bands G (ATTNQUANT_BLOCKS)"
+    )
+    parser.add_argument(
+        "--rank", type=int, default=None, metavar="R", help="theta residual rank (ATTNQUANT_RANK)"
+    )
+    parser.add_argument(
+        "--scale-search",
+        choices=("rtn", "mse"),
+        default=None,
+        help="NVFP4 block-scale choice (ATTNQUANT_SCALE_SEARCH)",
+    )
     parser.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _quantize_config(args: argparse.Namespace) -> AttnQuantConfig:
-    """ATTNQUANT_* from the environment, overridden by the flags given."""
-    overrides = {
-        "blocks": args.blocks,
-        "rank": args.rank,
-        "scale_search": args.scale_search,
-        "quant_ignore": tuple(sorted(set(args.ignore))) if args.ignore is not None else None,
+    """The ATTNQUANT_* environment with the flags given laid over it, so that
+    flags are parsed and checked exactly like the variables they stand for."""
+    flags = {
+        "ATTNQUANT_BLOCKS": args.blocks,
+        "ATTNQUANT_RANK": args.rank,
+        "ATTNQUANT_SCALE_SEARCH": args.scale_search,
+        "ATTNQUANT_QUANT_IGNORE": None if args.ignore is None else ",".join(args.ignore),
     }
-    config = AttnQuantConfig.from_env()
-    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    return dataclasses.replace(config, quant="nvfp4", precompute_outside=True)
+    env = {
+        **os.environ,
+        **{name: str(value) for name, value in flags.items() if value is not None},
+        "ATTNQUANT_QUANT": "nvfp4",
+        "ATTNQUANT_PRECOMPUTE_OUTSIDE": "1",
+    }
+    return AttnQuantConfig.from_env(env)
 
 
 def run_quantize(args: argparse.Namespace) -> int:
@@ -130,7 +160,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     staging.mkdir(parents=True)
     try:
         save_file(result.state_dict, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
-        _write_json(staging / "config.json", {**source_config, "quantization_config": quantization_config(ignore)})
+        _write_json(
+            staging / "config.json",
+            {**source_config, "quantization_config": quantization_config(ignore)},
+        )
         _write_json(staging / "hf_quant_config.json", hf_quant_config(ignore))
         _copy_side_files(Path(args.model_dir), staging)
         _replace_dir(staging, out)
@@ -165,7 +198,12 @@ def modelopt_ignore_list(report: PrecomputeReport) -> list[str]:
 
 def quantization_config(ignore: list[str]) -> dict[str, object]:
     """config.json's ``quantization_config`` for a ModelOpt NVFP4 checkpoint."""
-    return {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": nvfp4.BLOCK_SIZE, "ignore": ignore}
+    return {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": nvfp4.BLOCK_SIZE,
+        "ignore": ignore,
+    }
 
 
 def hf_quant_config(ignore: list[str]) -> dict[str, object]:
@@ -189,7 +227,11 @@ def _copy_side_files(model_dir: Path, staging: Path) -> None:
     """Tokenizer, generation config, chat template...: every top-level file
     that is neither a weight file nor one of the configs we rewrite."""
     for path in model_dir.iterdir():
-        if path.is_file() and path.name not in _REWRITTEN and not path.name.endswith(_NOT_COPIED_SUFFIXES):
+        if (
+            path.is_file()
+            and path.name not in _REWRITTEN
+            and not path.name.endswith(_NOT_COPIED_SUFFIXES)
+        ):
             shutil.copy2(path, staging / path.name)
 
 

@@ -234,7 +234,10 @@ class AttnQuantConfig:
 
     def describe(self) -> str:
         """One line for logs, e.g. ``attnquant: blocks=layers rank=16 ...``."""
-        parts = [f"{setting.field}={_display(setting, getattr(self, setting.field))}" for setting in SETTINGS]
+        parts = [
+            f"{setting.field}={_display(setting, getattr(self, setting.field))}"
+            for setting in SETTINGS
+        ]
         return "attnquant: " + " ".join(parts)
 
 
@@ -243,7 +246,9 @@ def _warn_unknown_names(env: Mapping[str, str]) -> None:
         if name.startswith(ENV_PREFIX) and name not in _SETTING_BY_ENV:
             close = difflib.get_close_matches(name, _SETTING_BY_ENV, n=1, cutoff=0.0)
             hint = f"; did you mean {close[0]}?" if close else ""
-            warnings.warn(f"unknown attnquant variable {name} is ignored{hint}", UserWarning, stacklevel=3)
+            warnings.warn(
+                f"unknown attnquant variable {name} is ignored{hint}", UserWarning, stacklevel=3
+            )
 
 
 def _json_value(value: Any) -> Any:
@@ -265,10 +270,7 @@ def settings_markdown_table() -> str:
     lines = [
         "| Variable | Default | Allowed | Effect |",
         "| --- | --- | --- | --- |",
-        *(
-            f"| `{s.env}` | `{s.default_text}` | {s.allowed} | {s.effect} |"
-            for s in SETTINGS
-        ),
+        *(f"| `{s.env}` | `{s.default_text}` | {s.allowed} | {s.effect} |" for s in SETTINGS),
     ]
     return "\n".join(lines) + "\n"
 

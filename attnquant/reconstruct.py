@@ -14,6 +14,7 @@ W_eff, and with ``ATTNQUANT_QUANT=nvfp4`` by ModelOpt-layout NVFP4 tensors::
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,14 +32,15 @@ def effective_weight(
 ) -> torch.Tensor:
     """s[:, None] * W0 + U @ V.T, accumulated in float32, returned as ``out_dtype``.
 
-    A rank-0 residual is skipped rather than added as zeros, so that
-    W0 = W, s = 1 returns W bit-for-bit (``-0.0 + 0.0`` would be ``+0.0``).
+    With W0 = W, s = 1 and no residual (passthrough) it returns W bit-for-bit:
+    scaling by 1.0 is exact, and a rank-0 residual is not added at all, so
+    not even the sign of a zero can change.
     """
     n, k = w0.shape
     assert s.shape == (n,), f"scale {tuple(s.shape)} does not match W0 {(n, k)}"
-    assert u.shape[0] == n and v.shape[0] == k and u.shape[1] == v.shape[1], (
-        f"residual u {tuple(u.shape)} / v {tuple(v.shape)} does not match W0 {(n, k)}"
-    )
+    assert (
+        u.shape[0] == n and v.shape[0] == k and u.shape[1] == v.shape[1]
+    ), f"residual u {tuple(u.shape)} / v {tuple(v.shape)} does not match W0 {(n, k)}"
     weight = w0.float() * s.float().unsqueeze(1)
     if u.shape[1]:
         weight.addmm_(u.float(), v.float().T)
@@ -87,7 +89,9 @@ class PrecomputeReport:
 
     @property
     def theta_error_mean(self) -> float:
-        return sum(self.layer_errors.values()) / len(self.layer_errors) if self.layer_errors else 0.0
+        return (
+            sum(self.layer_errors.values()) / len(self.layer_errors) if self.layer_errors else 0.0
+        )
 
     def summary_line(self) -> str:
         return (
@@ -102,6 +106,8 @@ class PrecomputeReport:
 
 @dataclass(frozen=True)
 class PrecomputeResult:
+    """The served state dict and what it took to make it."""
+
     state_dict: dict[str, torch.Tensor]
     report: PrecomputeReport
 
@@ -120,7 +126,9 @@ def num_layers_of(keys: list[ProjectionKey]) -> int:
     present = {key.layer for key in keys}
     missing = sorted(set(range(max(present) + 1)) - present)
     if missing:
-        raise ValueError(f"decoder layers {missing} have no projection weights; checkpoint incomplete?")
+        raise ValueError(
+            f"decoder layers {missing} have no projection weights; checkpoint incomplete?"
+        )
     return max(present) + 1
 
 
@@ -142,23 +150,27 @@ def precompute_outside(
     keys = find_projections(state_dict)
     num_layers = num_layers_of(keys)
     weights = {key: state_dict[key.weight_name] for key in keys}
-    theta = build_theta(weights, blocks=config.blocks, rank=config.rank, num_layers=num_layers, progress=progress)
+    theta = build_theta(
+        weights, blocks=config.blocks, rank=config.rank, num_layers=num_layers, progress=progress
+    )
 
+    quantized = {
+        key
+        for key in keys
+        if config.quant == "nvfp4" and not is_ignored(key.module_name, config.quant_ignore)
+    }
+    ignored = tuple(key.module_name for key in keys if config.quant == "nvfp4" and key not in quantized)
     replacements: dict[str, dict[str, torch.Tensor]] = {}
-    squared_errors: dict[int, list[float]] = {}
-    ignored: list[str] = []
+    error2_of_layer: dict[int, float] = defaultdict(float)
+    norm2_of_layer: dict[int, float] = defaultdict(float)
     for key in tqdm(keys, desc="attnquant projections", disable=not progress):
         weight = weights[key]
         w_eff = _served_weight(theta, key, weight)
         error2, norm2 = _squared_error_terms(weight, w_eff)
-        layer_sums = squared_errors.setdefault(key.layer, [0.0, 0.0])
-        layer_sums[0] += error2
-        layer_sums[1] += norm2
-        quantize = config.quant == "nvfp4" and not is_ignored(key.module_name, config.quant_ignore)
-        if config.quant == "nvfp4" and not quantize:
-            ignored.append(key.module_name)
+        error2_of_layer[key.layer] += error2
+        norm2_of_layer[key.layer] += norm2
         replacements[key.weight_name] = (
-            _nvfp4_tensors(key, w_eff, config) if quantize else {key.weight_name: w_eff}
+            _nvfp4_tensors(key, w_eff, config) if key in quantized else {key.weight_name: w_eff}
         )
 
     served = {}
@@ -167,13 +179,16 @@ def precompute_outside(
     report = PrecomputeReport(
         path=_describe_path(config, theta),
         projections_total=len(keys),
-        projections_quantized=len(keys) - len(ignored) if config.quant == "nvfp4" else 0,
-        ignored_modules=tuple(ignored),
+        projections_quantized=len(quantized),
+        ignored_modules=ignored,
         projection_bytes_before=sum(_nbytes(w) for w in weights.values()),
         projection_bytes_after=sum(_nbytes(t) for r in replacements.values() for t in r.values()),
         state_dict_bytes_before=sum(_nbytes(t) for t in state_dict.values()),
         state_dict_bytes_after=sum(_nbytes(t) for t in served.values()),
-        layer_errors={layer: math.sqrt(e / n) if n else 0.0 for layer, (e, n) in sorted(squared_errors.items())},
+        layer_errors={
+            layer: math.sqrt(error2_of_layer[layer] / norm2) if norm2 else 0.0
+            for layer, norm2 in sorted(norm2_of_layer.items())
+        },
     )
     return PrecomputeResult(served, report)
 
@@ -187,8 +202,12 @@ def _served_weight(theta: ThetaBundle, key: ProjectionKey, weight: torch.Tensor)
     return effective_weight(theta.shared[layer.group], layer.scale, layer.u, layer.v, weight.dtype)
 
 
-def _nvfp4_tensors(key: ProjectionKey, w_eff: torch.Tensor, config: AttnQuantConfig) -> dict[str, torch.Tensor]:
-    q = nvfp4.quantize(w_eff, scale_policy=nvfp4.ScalePolicy(config.scale_search), name=key.weight_name)
+def _nvfp4_tensors(
+    key: ProjectionKey, w_eff: torch.Tensor, config: AttnQuantConfig
+) -> dict[str, torch.Tensor]:
+    q = nvfp4.quantize(
+        w_eff, scale_policy=nvfp4.ScalePolicy(config.scale_search), name=key.weight_name
+    )
     module = key.module_name
     return {
         f"{module}.weight": q.packed,
@@ -200,7 +219,9 @@ def _nvfp4_tensors(key: ProjectionKey, w_eff: torch.Tensor, config: AttnQuantCon
 
 def _describe_path(config: AttnQuantConfig, theta: ThetaBundle) -> str:
     passthrough = theta.blocks == theta.num_layers
-    bands = f"G={theta.blocks}/{theta.num_layers} layers" + (" (passthrough)" if passthrough else f", R={theta.rank}")
+    bands = f"G={theta.blocks}/{theta.num_layers} layers" + (
+        " (passthrough)" if passthrough else f", R={theta.rank}"
+    )
     target = f"nvfp4 ({config.scale_search})" if config.quant == "nvfp4" else "checkpoint dtype"
     return f"precompute-outside, theta {bands} -> {target}"
 

@@ -231,7 +231,7 @@ def _read_metadata(path: Path) -> dict[str, str]:
 
 
 def _layer_ranges(layers: Iterable[int]) -> str:
-    """"0-3,7" style listing of sorted layer indices."""
+    """ "0-3,7" style listing of sorted layer indices."""
     ranges: list[list[int]] = []
     for layer in sorted(layers):
         if ranges and layer == ranges[-1][1] + 1:
@@ -277,16 +277,21 @@ def build_theta(
         progress: show a tqdm bar over the non-passthrough groups.
 
     Raises:
-        ValueError: for a G that does not split L evenly, R < 0, or a layer
-            index outside [0, L).
+        ValueError: for a G that does not split L evenly, R < 0, a layer
+            index outside [0, L), or a weight that is not a 2-D float tensor.
     """
     blocks = num_layers if blocks is None else blocks
     per_band = band_size(num_layers, blocks)
     if rank < 0:
         raise ValueError(f"ATTNQUANT_RANK={rank} must be >= 0")
-    for key in weights:
+    for key, weight in weights.items():
         if not 0 <= key.layer < num_layers:
             raise ValueError(f"{key.weight_name}: layer {key.layer} outside 0..{num_layers - 1}")
+        if weight.dim() != 2 or not weight.is_floating_point():
+            raise ValueError(
+                f"{key.weight_name} must be a 2-D floating-point weight, got "
+                f"{weight.dtype} {tuple(weight.shape)}"
+            )
 
     shared: dict[str, torch.Tensor] = {}
     layers: dict[LayerId, LayerTheta] = {}
@@ -304,7 +309,9 @@ def build_theta(
     return ThetaBundle(blocks, rank, num_layers, source, shared, layers)
 
 
-def _groups(weights: Mapping[ProjectionKey, torch.Tensor], per_band: int) -> dict[str, list[ProjectionKey]]:
+def _groups(
+    weights: Mapping[ProjectionKey, torch.Tensor], per_band: int
+) -> dict[str, list[ProjectionKey]]:
     """Group name -> its layers: same family, same band, same weight shape."""
     groups: dict[str, list[ProjectionKey]] = defaultdict(list)
     for key in sorted(weights, key=lambda k: (FAMILIES.index(k.family), k.layer)):

@@ -29,6 +29,7 @@ class Server:
     process: subprocess.Popen[bytes]
     port: int
     log_path: Path
+    model: str  # MAX serves a model under its --model-path
 
     @property
     def url(self) -> str:
@@ -52,7 +53,7 @@ class Server:
         return self._post("/v1/chat/completions", body)
 
     def _post(self, path: str, body: dict) -> dict:
-        body = {"model": "default", **body}
+        body = {"model": self.model, **body}
         response = requests.post(self.url + path, json=body, timeout=600)
         response.raise_for_status()
         return response.json()
@@ -86,7 +87,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # so stop() can signal the worker processes too
     )
-    server = Server(process, port, log_path)
+    server = Server(process, port, log_path, str(model_path))
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

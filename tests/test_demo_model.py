@@ -253,7 +253,9 @@ def model(demo_dir: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    loaded, info = AutoModelForCausalLM.from_pretrained(demo_dir, dtype=torch.float32, output_loading_info=True)
+    loaded, info = AutoModelForCausalLM.from_pretrained(
+        demo_dir, dtype=torch.float32, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     return loaded
 
@@ -344,8 +346,9 @@ def test_tokenizer_files_are_written(demo_dir: Path) -> None:
     assert special == {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
 
 
-# Token ids the original Gemma tokenizer produces (its 262k vocabulary is
-# shared by Gemma 3 and 4), as published by independent tokenizer ports.
+# Token ids of Google's own Gemma tokenizer for these strings, as published in
+# the tests of independent Gemma tokenizer ports. They tie the rebuilt model to
+# the real tokenizer; the comparisons below only check the two rebuilt ones agree.
 REFERENCE_IDS = {
     "Hello world": [2, 9259, 1902],
     "  spaced   text": [2, 138, 169862, 139, 1005],
@@ -383,13 +386,16 @@ CURATED_TEXTS = [
 
 
 @pytest.mark.parametrize("text", CURATED_TEXTS)
-def test_fast_tokenizer_matches_sentencepiece_on_curated_text(text: str, fast_tokenizer, sentencepiece) -> None:
+def test_fast_tokenizer_matches_sentencepiece_on_curated_text(
+    text: str, fast_tokenizer, sentencepiece
+) -> None:
     assert fast_tokenizer(text).input_ids == [sentencepiece.bos_id(), *sentencepiece.encode(text)]
 
 
 @pytest.fixture(scope="session")
 def control_pieces(sentencepiece) -> list[str]:
-    return [sentencepiece.id_to_piece(i) for i in range(sentencepiece.get_piece_size()) if sentencepiece.is_control(i)]
+    ids = range(sentencepiece.get_piece_size())
+    return [sentencepiece.id_to_piece(i) for i in ids if sentencepiece.is_control(i)]
 
 
 _FRAGMENTS = st.sampled_from(
@@ -398,7 +404,7 @@ _FRAGMENTS = st.sampled_from(
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.text(max_size=12) | _FRAGMENTS, max_size=8).map("".join))
+@given(text=st.lists(st.text(max_size=12) | _FRAGMENTS, max_size=8).map("".join))
 def test_fast_tokenizer_matches_sentencepiece_on_any_text(
     text: str, fast_tokenizer, sentencepiece, control_pieces
 ) -> None:
@@ -440,7 +446,8 @@ def test_chat_template_renders_gemma_turns(fast_tokenizer) -> None:
 
 def test_chat_template_tokenizes_turn_markers_as_single_tokens(fast_tokenizer) -> None:
     messages = [{"role": "user", "content": "Hi"}]
-    ids = fast_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    rendered = fast_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    ids = rendered["input_ids"]
     start, end = fast_tokenizer.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"])
     assert (start, end) == (105, 106)
     assert ids[:2] == [2, start]

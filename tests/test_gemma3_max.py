@@ -26,7 +26,7 @@ from .serving import Server, start_server
 
 pytestmark = pytest.mark.max
 
-PROMPTS = ("The capital of France is", "def fibonacci(n):")
+PROMPTS = ("The Eiffel Tower is located in the city of", "def fibonacci(n):")
 CONFIGS = {
     "passthrough": {"ATTNQUANT_QUANT": "none"},
     "nvfp4": {"ATTNQUANT_QUANT": "nvfp4"},
@@ -106,11 +106,18 @@ def test_completions_match_host_reference(served, model_dir: Path, tokenizer) ->
         assert torch.allclose(got, ref_logprobs[: len(got)], atol=2e-2), (got, ref_logprobs)
 
 
-def test_chat_answers_coherently(served) -> None:
+def test_completion_is_coherent(served) -> None:
     name, server = served
-    reply = server.chat("What is the capital of France? Answer in one word.", 16)
-    answer = reply["choices"][0]["message"]["content"]
-    assert "paris" in answer.lower(), f"{name}: {answer!r}"
+    text = server.completion("Question: What is the capital of France?\nAnswer:", 6)["choices"][0]["text"]
+    assert "paris" in text.lower(), f"{name}: {text!r}"
+
+
+def test_chat_endpoint_answers(served) -> None:
+    # The embedded 270M is the pretrained (not instruction-tuned) model, so
+    # its chat replies are not graded; the endpoint must serve them.
+    name, server = served
+    reply = server.chat("Hello!", 8)
+    assert reply["choices"][0]["message"]["content"].strip(), name
 
 
 def test_load_line_reports_path_and_coverage(served) -> None:

@@ -36,10 +36,12 @@ def assert_matches_reference(ref: ModuleType, weight: torch.Tensor, **kwargs) ->
     q = nvfp4.quantize(weight, **kwargs)
     packed, scale_bits, decode = reference(ref, weight)
     np.testing.assert_array_equal(q.packed.numpy(), packed, err_msg="packed codes differ")
-    np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits, err_msg="scale bits differ")
-    assert q.global_scale.numpy().view(np.uint32) == decode.view(np.uint32), (
-        f"global scale {q.global_scale.item()!r} != reference {decode!r}"
+    np.testing.assert_array_equal(
+        q.block_scale_bits().numpy(), scale_bits, err_msg="scale bits differ"
     )
+    assert q.global_scale.numpy().view(np.uint32) == decode.view(
+        np.uint32
+    ), f"global scale {q.global_scale.item()!r} != reference {decode!r}"
     return q
 
 
@@ -55,24 +57,39 @@ def edge_cases(rows: int = 32, cols: int = 128) -> torch.Tensor:
     w[1, :16] = -0.0
     w[2, :16] = 1e-6  # scale underflows to E4M3 zero
     w[3] *= 2.0**-12  # E4M3 subnormal scales
-    w[4, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2) * torch.tensor([1.0, -1.0] * 8)
+    w[4, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2) * torch.tensor(
+        [1.0, -1.0] * 8
+    )
     w[5, :16] = -1e-3  # negatives that round to zero keep their sign bit
     w[6, 5] = 300.0  # outlier sets the global scale
     return w
 
 
+def outliers() -> torch.Tensor:
+    """About 1% of the elements 1000x larger than the rest."""
+    return gaussian(64, 256, 1.0) * (1 + 1000 * (gaussian(64, 256, 1.0, seed=1) > 2.4))
+
+
+def heavy_tail() -> torch.Tensor:
+    """Gaussian over squared uniform: magnitudes spread over six decades."""
+    uniform = torch.rand(64, 256, generator=torch.Generator().manual_seed(2))
+    return gaussian(64, 256, 1.0) / uniform.clamp_min(1e-3).square()
+
+
 KINDS = {
     "gaussian": lambda: gaussian(64, 256, 0.02),
-    "outliers": lambda: gaussian(64, 256, 1.0) * (1 + 1000 * (torch.rand(64, 256, generator=torch.Generator().manual_seed(1)) < 0.01)),
-    "heavy_tail": lambda: torch.distributions.StudentT(1.5).sample((64, 256)),
+    "outliers": outliers,
+    "heavy_tail": heavy_tail,
     "all_zero": lambda: torch.zeros(16, 64),
     "edge_cases": edge_cases,
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", KINDS)
-def test_matches_reference(max_fp4_reference: ModuleType, kind: str, dtype: torch.dtype, encoder: str) -> None:
+def test_matches_reference(
+    max_fp4_reference: ModuleType, kind: str, dtype: torch.dtype, encoder: str
+) -> None:
     weight = KINDS[kind]()
     if dtype == torch.float16:
         weight = weight.clamp(-60000, 60000)
@@ -94,7 +111,10 @@ def test_matches_reference_when_global_scale_saturates(max_fp4_reference: Module
 
 def test_matches_reference_on_a_large_bfloat16_tensor(max_fp4_reference: ModuleType) -> None:
     weight = gaussian(2048, 1024, 0.02).bfloat16()
-    assert isinstance(nvfp4._encoder_for(weight, torch.tensor(1e-5), [torch.arange(16, dtype=torch.uint8)]), nvfp4._TabulatedEncoder)
+    assert isinstance(
+        nvfp4._encoder_for(weight, torch.tensor(1e-5), [torch.arange(16, dtype=torch.uint8)]),
+        nvfp4._TabulatedEncoder,
+    )
     assert_matches_reference(max_fp4_reference, weight)
 
 
@@ -110,7 +130,9 @@ def test_tabulated_encoder_agrees_with_direct_on_every_16bit_input(dtype: torch.
     for code in codes:
         scale_codes = torch.full(values.shape[:2], int(code), dtype=torch.uint8)
         assert torch.equal(table.codes(values, scale_codes), direct.codes(values, scale_codes))
-        assert torch.equal(table.block_errors(values, scale_codes), direct.block_errors(values, scale_codes))
+        assert torch.equal(
+            table.block_errors(values, scale_codes), direct.block_errors(values, scale_codes)
+        )
 
 
 @settings(max_examples=60, deadline=None)
@@ -119,7 +141,9 @@ def test_tabulated_encoder_agrees_with_direct_on_every_16bit_input(dtype: torch.
     blocks=st.integers(1, 4),
     data=st.data(),
 )
-def test_matches_reference_on_arbitrary_float32(max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject) -> None:
+def test_matches_reference_on_arbitrary_float32(
+    max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject
+) -> None:
     values = data.draw(
         st.lists(
             st.floats(width=32, allow_nan=False, allow_infinity=False),
@@ -133,10 +157,14 @@ def test_matches_reference_on_arbitrary_float32(max_fp4_reference: ModuleType, r
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 6), blocks=st.integers(1, 4), data=st.data())
-def test_matches_reference_on_arbitrary_bfloat16_bits(max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject) -> None:
+def test_matches_reference_on_arbitrary_bfloat16_bits(
+    max_fp4_reference: ModuleType, rows: int, blocks: int, data: st.DataObject
+) -> None:
     # Every finite bfloat16 bit pattern is fair game: subnormals, -0.0, huge.
     finite_bits = st.integers(-32768, 32767).filter(lambda b: (b & 0x7F80) != 0x7F80)
-    bits = data.draw(st.lists(finite_bits, min_size=rows * blocks * 16, max_size=rows * blocks * 16))
+    bits = data.draw(
+        st.lists(finite_bits, min_size=rows * blocks * 16, max_size=rows * blocks * 16)
+    )
     weight = torch.tensor(bits, dtype=torch.int16).view(torch.bfloat16).view(rows, blocks * 16)
     assert_matches_reference(max_fp4_reference, weight)
 
@@ -152,10 +180,20 @@ def test_chunking_does_not_change_the_result(chunk_rows: int) -> None:
 def test_e2m1_encoder_matches_reference_at_every_threshold(max_fp4_reference: ModuleType) -> None:
     # The whole [-16, 16] float32 range was checked exhaustively once; here the
     # rounding thresholds, one ulp either side, and the special values.
-    points = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 1e30])
-    values = torch.cat([points, torch.nextafter(points, torch.tensor(-1.0)), torch.nextafter(points, torch.tensor(100.0))])
+    points = torch.tensor(
+        [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 1e30]
+    )
+    values = torch.cat(
+        [
+            points,
+            torch.nextafter(points, torch.tensor(-1.0)),
+            torch.nextafter(points, torch.tensor(100.0)),
+        ]
+    )
     values = torch.cat([values, -values, torch.tensor([1e-45, -1e-45, math.inf, -math.inf])])
-    ref_codes = max_fp4_reference.pack_pairs_e2m1_uint8(max_fp4_reference.round_to_e2m1(values.numpy()))
+    ref_codes = max_fp4_reference.pack_pairs_e2m1_uint8(
+        max_fp4_reference.round_to_e2m1(values.numpy())
+    )
     expected = np.stack([ref_codes & 0xF, ref_codes >> 4], axis=1).reshape(-1)[: len(values)]
     np.testing.assert_array_equal(nvfp4._e2m1_codes(values).numpy(), expected)
 
@@ -166,18 +204,23 @@ def test_e4m3_scale_encoding_matches_reference(max_fp4_reference: ModuleType) ->
     grid = nvfp4.e4m3_decode_table()[:0x7F]
     midpoints = (grid[:-1] + grid[1:]) / 2
     values = torch.cat([grid, midpoints, torch.tensor([449.0, 464.0, 480.0, 1e30, math.inf])])
-    values = torch.cat([values, torch.nextafter(values, torch.tensor(0.0)), torch.nextafter(values, torch.tensor(math.inf))])
+    values = torch.cat(
+        [
+            values,
+            torch.nextafter(values, torch.tensor(0.0)),
+            torch.nextafter(values, torch.tensor(math.inf)),
+        ]
+    )
     with np.errstate(all="ignore"):
         expected = max_fp4_reference.encode_f32_to_e4m3(values.numpy())
-    ours = nvfp4._rtn_scale_codes(values * 6.0, torch.tensor(1.0))
-    # _rtn_scale_codes takes block amax (6x the scale); 6x is exact except
-    # where it overflows, which saturates either way.
-    np.testing.assert_array_equal(ours.numpy(), expected)
+    np.testing.assert_array_equal(nvfp4._e4m3_codes(values).numpy(), expected)
 
 
 def test_decode_tables_match_reference(max_fp4_reference: ModuleType) -> None:
     ref = max_fp4_reference
-    np.testing.assert_array_equal(np.array(nvfp4.E2M1_VALUES, dtype=np.float32), ref.e2m1_decode_table(ref.FP4Format.NVFP4))
+    np.testing.assert_array_equal(
+        np.array(nvfp4.E2M1_VALUES, dtype=np.float32), ref.e2m1_decode_table(ref.FP4Format.NVFP4)
+    )
     table = nvfp4.e4m3_decode_table()
     finite = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
     np.testing.assert_array_equal(table.numpy()[finite], ref.unpack_e4m3_uint8_to_fp32(finite))
@@ -187,12 +230,16 @@ def test_decode_tables_match_reference(max_fp4_reference: ModuleType) -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_dequantize_matches_reference(max_fp4_reference: ModuleType, kind: str, encoder: str) -> None:
+def test_dequantize_matches_reference(
+    max_fp4_reference: ModuleType, kind: str, encoder: str
+) -> None:
     weight = KINDS[kind]().bfloat16()
     q = nvfp4.quantize(weight)
     with np.errstate(all="ignore"):
         expected = max_fp4_reference.dequantize_nvfp4(
-            q.packed.numpy(), q.block_scale_bits().numpy()[..., None], np.float32(q.global_scale.item()),
+            q.packed.numpy(),
+            q.block_scale_bits().numpy()[..., None],
+            np.float32(q.global_scale.item()),
             max_fp4_reference.FP4Format.NVFP4,
         )  # fmt: skip
     np.testing.assert_array_equal(nvfp4.dequantize(q).numpy(), expected)
@@ -235,7 +282,9 @@ def block_errors(weight: torch.Tensor, q: NVFP4Weight) -> torch.Tensor:
     seed=st.integers(0, 2**31 - 1),
     heavy=st.booleans(),
 )
-def test_mse_never_increases_a_block_error(rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, heavy: bool) -> None:
+def test_mse_never_increases_a_block_error(
+    rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, heavy: bool
+) -> None:
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(rows, blocks * 16, generator=generator) * scale
     if heavy:
@@ -260,7 +309,9 @@ def test_mse_lowers_the_error_of_gaussian_weights(encoder: str) -> None:
 def test_mse_keeps_zero_blocks_identical_to_rtn() -> None:
     weight = torch.zeros(4, 64)
     rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
-    assert torch.equal(rtn.packed, mse.packed) and torch.equal(rtn.block_scale_bits(), mse.block_scale_bits())
+    assert torch.equal(rtn.packed, mse.packed) and torch.equal(
+        rtn.block_scale_bits(), mse.block_scale_bits()
+    )
 
 
 @pytest.mark.parametrize(
@@ -272,7 +323,10 @@ def test_mse_keeps_zero_blocks_identical_to_rtn() -> None:
         (torch.zeros(2, 2, 16), "non-empty 2-D"),
         (torch.zeros(2, 16, dtype=torch.int32), "floating point"),
         (torch.tensor([[1.0] * 15 + [math.nan]]), r"NaN or Inf \(first at \[0, 15\]"),
-        (torch.tensor([[1.0] * 16, [1.0] * 3 + [-math.inf] + [1.0] * 12]).bfloat16(), r"first at \[1, 3\]"),
+        (
+            torch.tensor([[1.0] * 16, [1.0] * 3 + [-math.inf] + [1.0] * 12]).bfloat16(),
+            r"first at \[1, 3\]",
+        ),
     ],
 )
 def test_bad_input_is_a_value_error_naming_the_tensor(weight: torch.Tensor, message: str) -> None:

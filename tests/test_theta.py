@@ -14,13 +14,17 @@ from attnquant.theta import ThetaBundle, band_size, build_theta, truncated_svd
 SHAPES = {"q_proj": (64, 32), "k_proj": (32, 32), "v_proj": (32, 32), "o_proj": (32, 64)}
 
 
-def drifting_weights(num_layers: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict[ProjectionKey, torch.Tensor]:
+def drifting_weights(
+    num_layers: int, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> dict[ProjectionKey, torch.Tensor]:
     """Per family: a base matrix, a slow drift across layers, a per-row gain
     and per-layer noise, roughly how trained layers relate."""
     generator = torch.Generator().manual_seed(seed)
     weights = {}
     for proj, shape in SHAPES.items():
-        base, drift = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        base, drift = torch.randn(shape, generator=generator), torch.randn(
+            shape, generator=generator
+        )
         for layer in range(num_layers):
             gain = 1 + 0.1 * torch.randn(shape[0], 1, generator=generator)
             noise = 0.2 * torch.randn(shape, generator=generator)
@@ -42,7 +46,9 @@ def mean_error(weights: dict[ProjectionKey, torch.Tensor], **kwargs) -> float:
 
 @pytest.mark.parametrize(("blocks", "layers"), [(0, 4), (5, 4), (3, 4), (-1, 4)])
 def test_blocks_must_split_the_layers_evenly(blocks: int, layers: int) -> None:
-    with pytest.raises(ValueError, match=rf"ATTNQUANT_BLOCKS={blocks} cannot split {layers} layers.*\[1, 2, 4\]"):
+    with pytest.raises(
+        ValueError, match=rf"ATTNQUANT_BLOCKS={blocks} cannot split {layers} layers.*\[1, 2, 4\]"
+    ):
         band_size(layers, blocks)
 
 
@@ -53,7 +59,9 @@ def test_band_size() -> None:
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32, torch.float16), ids=str)
 def test_passthrough_reconstructs_bit_for_bit(dtype: torch.dtype) -> None:
     weights = drifting_weights(4, dtype)
-    specials = torch.tensor([-0.0, 0.0, 1e-40, -1e-40, 3.0e38 if dtype != torch.float16 else 60000.0])
+    specials = torch.tensor(
+        [-0.0, 0.0, 1e-40, -1e-40, 3.0e38 if dtype != torch.float16 else 60000.0]
+    )
     for weight in weights.values():
         weight.view(-1)[: len(specials)] = specials.to(dtype)
     bundle = build_theta(weights, blocks=None, rank=16, num_layers=4)
@@ -63,8 +71,8 @@ def test_passthrough_reconstructs_bit_for_bit(dtype: torch.dtype) -> None:
         assert theta.rank == 0 and torch.equal(theta.scale, torch.ones_like(theta.scale))
         rebuilt = reconstruct(bundle, key, dtype)
         assert rebuilt.dtype == dtype
-        assert torch.equal(rebuilt.view(torch.int16 if dtype.itemsize == 2 else torch.int32),
-                           weight.view(torch.int16 if dtype.itemsize == 2 else torch.int32))  # fmt: skip
+        bits = torch.int16 if dtype.itemsize == 2 else torch.int32
+        assert torch.equal(rebuilt.view(bits), weight.view(bits))
 
 
 def test_a_one_layer_group_inside_a_band_is_passthrough() -> None:
@@ -120,9 +128,15 @@ def test_randomized_svd_is_near_optimal_and_deterministic() -> None:
     assert torch.equal(u, u2) and torch.equal(v, v2)
 
 
-def test_negative_rank_is_rejected() -> None:
+def test_bad_arguments_are_rejected() -> None:
     with pytest.raises(ValueError, match="ATTNQUANT_RANK=-1"):
         build_theta(drifting_weights(2), blocks=1, rank=-1, num_layers=2)
+    with pytest.raises(ValueError, match="layer 1 outside 0..0"):
+        build_theta(drifting_weights(2), blocks=1, rank=1, num_layers=1)
+    weights = drifting_weights(2)
+    weights[ProjectionKey("model", 0, "self_attn", "q_proj")] = torch.zeros(64)
+    with pytest.raises(ValueError, match=r"q_proj.weight must be a 2-D floating-point weight"):
+        build_theta(weights, blocks=1, rank=1, num_layers=2)
 
 
 def test_bundle_round_trips_through_a_file(tmp_path: Path) -> None:
@@ -136,7 +150,9 @@ def test_bundle_round_trips_through_a_file(tmp_path: Path) -> None:
     for name, w0 in bundle.shared.items():
         assert torch.equal(loaded.shared[name], w0) and loaded.shared[name].dtype == torch.bfloat16
     for key in weights:
-        assert torch.equal(reconstruct(loaded, key, torch.bfloat16), reconstruct(bundle, key, torch.bfloat16))
+        assert torch.equal(
+            reconstruct(loaded, key, torch.bfloat16), reconstruct(bundle, key, torch.bfloat16)
+        )
 
 
 def test_passthrough_bundle_round_trips(tmp_path: Path) -> None:
@@ -148,7 +164,9 @@ def test_passthrough_bundle_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("blocks", "rank"), [(4, 3), (2, 8), (None, 3)])
-def test_loading_with_other_blocks_or_rank_lists_the_offenders(tmp_path: Path, blocks: int | None, rank: int) -> None:
+def test_loading_with_other_blocks_or_rank_lists_the_offenders(
+    tmp_path: Path, blocks: int | None, rank: int
+) -> None:
     path = tmp_path / "theta.safetensors"
     build_theta(drifting_weights(4), blocks=2, rank=3, num_layers=4).save(path)
     with pytest.raises(ValueError, match=r"built with G=2, R=3") as error:

@@ -1,0 +1,893 @@
+# NVFP4 weight-only matmul kernels: y[M, N] = x[M, K] . dequant(W)^T
+#
+# Two weight layouts:
+#   * ModelOpt ("modelopt"): packed uint8 [N, K/2] (low nibble = even k),
+#     scale_bits uint8 [N, K/16] (raw float8_e4m3fn bits), global_scale f32 [1].
+#     Used by the CPU kernel, the generic GPU kernel and the generic dequant.
+#   * sm90 ("prepared"): the same bytes re-laid out once at load time by
+#     attnquant.kernels.prepare_weights so that one 16-byte load per lane gives
+#     the lane exactly its mma.sync A-fragment codes for a 16x64 tile, and the
+#     codes are GF(2)-pre-encoded so that 4 rotations + 4 LOP3 decode 8 weights
+#     into bf16 bit patterns (see _decode_word). Scales are re-encoded to an
+#     unsigned E5M3 byte so that one IMAD turns a byte into a bf16 scale.
+#
+# The bf16 value of a decoded code is e2m1 * 2^-126 and a decoded scale is
+# s * 2^107, so the bf16 product fed to the tensor core is e2m1 * s * 2^-19
+# (exact: <= 6 significant bits, always a normal bf16). The epilogue multiplies
+# by global_scale * 2^19 in float32.
+
+from std.math import ceildiv
+from std.memory import bitcast, stack_allocation
+from std.sys import _RegisterPackType
+from std.sys._assembly import inlined_assembly
+
+from max.gpu import barrier, block_dim, block_idx, lane_id, thread_idx
+from max.gpu.host import DeviceAttribute, DeviceContext, FuncAttribute
+from max.gpu.memory import (
+    AddressSpace,
+    async_copy_commit_group,
+    async_copy_wait_group,
+    external_memory,
+)
+from max.gpu.sync import syncwarp
+from max.gpu.primitives.warp import sum as warp_sum
+
+# ===----------------------------------------------------------------------=== #
+# Shared scalar decoders (CPU and generic GPU kernels)
+# ===----------------------------------------------------------------------=== #
+
+# 2^19: undoes the 2^-19 carried by the sm90 kernel's bf16 products.
+comptime SM90_EPILOGUE_FACTOR = Float32(524288.0)
+
+
+@always_inline
+def e2m1_to_f32(code: UInt8) -> Float32:
+    """E2M1 code (low 4 bits) -> float32: 0, .5, 1, 1.5, 2, 3, 4, 6 and
+    negatives for codes 8-15. Arithmetic rather than a table so GPU kernels
+    keep it in registers."""
+    var c = UInt32(code & 15)
+    var e = (c >> 1) & 3
+    var m = c & 1
+    var mag = Float32(m) * Float32(0.5)
+    if e != 0:
+        mag = bitcast[DType.float32, 1](((e + 126) << 23) | (m << 22))
+    return -mag if (c & 8) != 0 else mag
+
+
+@always_inline
+def e4m3_to_f32(bits: UInt8) -> Float32:
+    """Decodes float8_e4m3fn bits (MAX has no float8 on CPU, so scales travel
+    as uint8 everywhere)."""
+    var e = UInt32((bits >> 3) & 15)
+    var m = UInt32(bits & 7)
+    var mag: Float32
+    if e == 0:
+        mag = Float32(m) * Float32(0.001953125)  # subnormal: m * 2^-9
+    elif e == 15 and m == 7:
+        mag = Float32(0.0) / Float32(0.0)  # NaN
+    else:
+        mag = bitcast[DType.float32, 1](((e + 120) << 23) | (m << 20))
+    return -mag if (bits & 0x80) != 0 else mag
+
+
+# ===----------------------------------------------------------------------=== #
+# CPU: ModelOpt layout, float32 activations
+# ===----------------------------------------------------------------------=== #
+
+
+def nvfp4_matmul_cpu(
+    y: Pointer[mut=True, Float32, _],
+    x: Pointer[Float32, _],
+    packed: Pointer[UInt8, _],
+    scale_bits: Pointer[UInt8, _],
+    global_scale: Float32,
+    m_rows: Int,
+    n_rows: Int,
+    k: Int,
+):
+    """Decodes one weight row at a time into float32, then dots it with every
+    activation row (float32 accumulation, 16-wide SIMD)."""
+    var row = List[Float32](length=k, fill=0.0)
+    var rp = row.unsafe_ptr()
+    var kh = k // 2
+    var kb = k // 16
+    for n in range(n_rows):
+        for b in range(kb):
+            var s = e4m3_to_f32(scale_bits.unsafe_load(n * kb + b))
+            for j in range(8):
+                var byte = packed.unsafe_load(n * kh + b * 8 + j)
+                rp.unsafe_store(b * 16 + 2 * j, e2m1_to_f32(byte & 15) * s)
+                rp.unsafe_store(b * 16 + 2 * j + 1, e2m1_to_f32(byte >> 4) * s)
+        for m in range(m_rows):
+            var acc = SIMD[DType.float32, 16](0)
+            for b in range(kb):
+                acc += x.unsafe_load[width=16](m * k + b * 16) * rp.unsafe_load[
+                    width=16
+                ](b * 16)
+            y.unsafe_store(m * n_rows + n, acc.reduce_add() * global_scale)
+
+
+def nvfp4_dequant_cpu(
+    w: Pointer[mut=True, Float32, _],
+    packed: Pointer[UInt8, _],
+    scale_bits: Pointer[UInt8, _],
+    global_scale: Float32,
+    n_rows: Int,
+    k: Int,
+):
+    var kh = k // 2
+    var kb = k // 16
+    for n in range(n_rows):
+        for b in range(kb):
+            var s = e4m3_to_f32(scale_bits.unsafe_load(n * kb + b)) * global_scale
+            for j in range(8):
+                var byte = packed.unsafe_load(n * kh + b * 8 + j)
+                w.unsafe_store(n * k + b * 16 + 2 * j, e2m1_to_f32(byte & 15) * s)
+                w.unsafe_store(n * k + b * 16 + 2 * j + 1, e2m1_to_f32(byte >> 4) * s)
+
+
+# ===----------------------------------------------------------------------=== #
+# Generic GPU kernels: ModelOpt layout, any NVIDIA/AMD GPU, any M.
+# Correct and simple, not tuned: the fast path is the sm90 kernel below.
+# ===----------------------------------------------------------------------=== #
+
+comptime GENERIC_WARPS = 4
+
+
+def nvfp4_matmul_generic_kernel[
+    dtype: DType
+](
+    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], ImmutAnyOrigin],
+    packed: Pointer[UInt8, ImmutAnyOrigin],
+    scale_bits: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    m_rows: Int64,
+    n_rows: Int64,
+    k: Int64,
+):
+    """One warp per (weight row n, activation row m); lanes stride over the
+    16-element scale blocks and reduce with a warp sum."""
+    var n = Int(block_idx.x) * GENERIC_WARPS + Int(thread_idx.x) // 32
+    var m = Int(block_idx.y)
+    if n >= Int(n_rows):
+        return
+    var kk = Int(k)
+    var kb = kk // 16
+    var acc = Float32(0)
+    var b = Int(lane_id())
+    while b < kb:
+        var s = e4m3_to_f32(scale_bits.unsafe_load(n * kb + b))
+        var part = Float32(0)
+        for j in range(8):
+            var byte = packed.unsafe_load(n * (kk // 2) + b * 8 + j)
+            var x0 = x.unsafe_load(m * kk + b * 16 + 2 * j).cast[DType.float32]()
+            var x1 = x.unsafe_load(m * kk + b * 16 + 2 * j + 1).cast[
+                DType.float32
+            ]()
+            part += x0 * e2m1_to_f32(byte & 15) + x1 * e2m1_to_f32(byte >> 4)
+        acc += part * s
+        b += 32
+    acc = warp_sum(acc)
+    if lane_id() == 0:
+        y.unsafe_store(
+            m * Int(n_rows) + n, (acc * global_scale.unsafe_load(0)).cast[dtype]()
+        )
+
+
+def nvfp4_dequant_generic_kernel[
+    dtype: DType
+](
+    w: Pointer[Scalar[dtype], MutAnyOrigin],
+    packed: Pointer[UInt8, ImmutAnyOrigin],
+    scale_bits: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    n_rows: Int64,
+    k: Int64,
+):
+    """One thread per 16-element scale block."""
+    var kb = Int(k) // 16
+    var blk = Int(block_idx.x) * Int(block_dim.x) + Int(thread_idx.x)
+    if blk >= Int(n_rows) * kb:
+        return
+    var s = e4m3_to_f32(scale_bits.unsafe_load(blk)) * global_scale.unsafe_load(0)
+    var out = SIMD[dtype, 16](0)
+    comptime for j in range(8):
+        var byte = packed.unsafe_load(blk * 8 + j)
+        out[2 * j] = (e2m1_to_f32(byte & 15) * s).cast[dtype]()
+        out[2 * j + 1] = (e2m1_to_f32(byte >> 4) * s).cast[dtype]()
+    # Row n, block b starts at n*K + 16b = 16*blk, since K = 16*kb.
+    w.unsafe_store(blk * 16, out)
+
+
+def nvfp4_matmul_generic_gpu[
+    dtype: DType
+](
+    y: Pointer[mut=True, Scalar[dtype], _],
+    x: Pointer[Scalar[dtype], _],
+    packed: Pointer[UInt8, _],
+    scale_bits: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    m_rows: Int,
+    n_rows: Int,
+    k: Int,
+    ctx: DeviceContext,
+) raises:
+    if m_rows == 0 or n_rows == 0:
+        return
+    ctx.enqueue_function[nvfp4_matmul_generic_kernel[dtype]](
+        y,
+        x,
+        packed,
+        scale_bits,
+        global_scale,
+        Int64(m_rows),
+        Int64(n_rows),
+        Int64(k),
+        grid_dim=(ceildiv(n_rows, GENERIC_WARPS), m_rows),
+        block_dim=GENERIC_WARPS * 32,
+    )
+
+
+def nvfp4_dequant_generic_gpu[
+    dtype: DType
+](
+    w: Pointer[mut=True, Scalar[dtype], _],
+    packed: Pointer[UInt8, _],
+    scale_bits: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    n_rows: Int,
+    k: Int,
+    ctx: DeviceContext,
+) raises:
+    var blocks = n_rows * (k // 16)
+    if blocks == 0:
+        return
+    ctx.enqueue_function[nvfp4_dequant_generic_kernel[dtype]](
+        w,
+        packed,
+        scale_bits,
+        global_scale,
+        Int64(n_rows),
+        Int64(k),
+        grid_dim=ceildiv(blocks, 256),
+        block_dim=256,
+    )
+
+
+# ===----------------------------------------------------------------------=== #
+# sm90 GEMV: prepared layout, bf16 activations, tensor cores (mma.sync).
+# ===----------------------------------------------------------------------=== #
+# Tile = 16 weight rows (an "n-tile") x 64 k (a "k-group"); 512 code bytes +
+# 64 scale bytes. Lane l = 4*g + q holds rows g and g+8, k-block q (16 k) of the
+# group: word t of its 16 bytes feeds mma tile t, whose logical k columns
+# {2q, 2q+1, 2q+8, 2q+9} map to physical k 16q+4t+{0,1,2,3}. So the lane's
+# activations for the whole group are 16 contiguous bf16 (two 16-byte loads),
+# and each lane needs only two scales per group.
+
+comptime _DECODE_MASK = UInt32(0x81C081C0)  # bf16 sign | low 2 exp | top mantissa
+comptime _SCALE_BIAS = UInt32(0x70007000)  # bf16 exponent += 224 for both halves
+
+
+@always_inline
+def _rotr[r: Int](v: UInt32) -> UInt32:
+    return (v >> UInt32(r)) | (v << UInt32(32 - r))
+
+
+@always_inline
+def _decode_word(w: UInt32) -> SIMD[DType.uint32, 4]:
+    """8 GF(2)-encoded codes -> 4 bf16x2 A-fragment registers (unscaled).
+
+    prepare_weights solves, per word, the bit system these four outputs
+    define; the choice of rotations {0, 12, (2,6), (2,8)} is one that makes
+    the 32x32 system invertible with 4 rotations (fewer is impossible)."""
+    var r2 = _rotr[2](w)
+    return SIMD[DType.uint32, 4](
+        w & _DECODE_MASK,
+        _rotr[12](w) & _DECODE_MASK,
+        (r2 ^ _rotr[6](w)) & _DECODE_MASK,
+        (r2 ^ _rotr[8](w)) & _DECODE_MASK,
+    )
+
+
+@always_inline
+def _scale_pair(byte_: UInt32) -> UInt32:
+    """E5M3 scale byte -> (S, S) as bf16x2 bits, S = s * 2^107."""
+    return byte_ * UInt32(0x00100010) + _SCALE_BIAS
+
+
+@always_inline
+def _hmul2(a: UInt32, b: UInt32) -> UInt32:
+    return inlined_assembly[
+        "mul.rn.bf16x2 $0, $1, $2;",
+        UInt32,
+        constraints="=r,r,r",
+        has_side_effect=False,
+    ](a, b)
+
+
+@always_inline
+def _ldg_stream_v4[
+    l2_256b: Bool = False
+](p: Pointer[UInt8, ImmutAnyOrigin]) -> SIMD[DType.uint32, 4]:
+    """16-byte weight load that bypasses L1 (weights are read exactly once)."""
+    comptime asm = (
+        "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {$0, $1, $2, $3}, [$4];"
+        if l2_256b else "ld.global.nc.L1::no_allocate.v4.u32 {$0, $1, $2, $3}, [$4];"
+    )
+    var r = inlined_assembly[
+        asm,
+        _RegisterPackType[UInt32, UInt32, UInt32, UInt32],
+        constraints="=r,=r,=r,=r,l",
+        has_side_effect=False,
+    ](p)
+    return SIMD[DType.uint32, 4](r[0], r[1], r[2], r[3])
+
+
+@always_inline
+def _ldg_stream_u16(p: Pointer[UInt8, ImmutAnyOrigin]) -> UInt32:
+    return inlined_assembly[
+        "ld.global.nc.L1::no_allocate.u16 $0, [$1];",
+        UInt32,
+        constraints="=r,l",
+        has_side_effect=False,
+    ](p)
+
+
+@always_inline
+def _mma_bf16(
+    a: SIMD[DType.uint32, 4],
+    b0: UInt32,
+    b1: UInt32,
+    c: SIMD[DType.float32, 4],
+) -> SIMD[DType.float32, 4]:
+    var r = inlined_assembly[
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+        _RegisterPackType[Float32, Float32, Float32, Float32],
+        constraints="=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+        has_side_effect=False,
+    ](a[0], a[1], a[2], a[3], b0, b1, c[0], c[1], c[2], c[3])
+    return SIMD[DType.float32, 4](r[0], r[1], r[2], r[3])
+
+
+@always_inline
+def _load_x_clamped(
+    x: Pointer[BFloat16, ImmutAnyOrigin], row: Int, kcol: Int, m: Int, k: Int
+) -> SIMD[DType.uint32, 8]:
+    """The lane's 16 activations, loaded unconditionally from a clamped
+    address: rows >= M only feed output columns that are never stored, and
+    k >= K only meets zero codes (padding), so no predicates or zeroing."""
+    var v = x.unsafe_load[width=16, alignment=32](min(row, m - 1) * k + min(kcol, k - 16))
+    return bitcast[DType.uint32, 8](v)
+
+
+@always_inline
+def _gemv_batch[
+    U: Int, TN: Int, MT: Int, ACC: Int
+](
+    mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
+    cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    sptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    xptr: Array[Pointer[BFloat16, ImmutAnyOrigin], MT],
+    xlimit: Int,
+    kg: Int,
+    nb: Int,
+    opaque_zero: UInt32,
+):
+    """Up to U (nb) k-groups: first every weight and scale load, then per
+    group the activations, decode, scale and mma.
+
+    ptxas likes to sink each weight load next to its first use, which leaves
+    one k-group in flight per warp instead of U (the loop is latency bound, so
+    that costs directly). Folding every loaded word, ANDed with a zero the
+    compiler cannot see through, into the first group's first word makes the
+    first decode depend on all U loads, so they are issued together.
+
+    cptr/sptr: this lane's code/scale bytes of each n-tile at k-group 0;
+    xptr: its activation row(s) at its k offset; xlimit clamps k (padding)."""
+    var wv = Array[SIMD[DType.uint32, 4], U * TN](fill=SIMD[DType.uint32, 4](0))
+    var sv = Array[UInt32, U * TN](fill=0)
+    comptime for u in range(U):
+        if u < nb:
+            comptime for tn in range(TN):
+                wv[u * TN + tn] = _ldg_stream_v4(cptr[tn].unsafe_offset((kg + u) * 512))
+                sv[u * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset((kg + u) * 64))
+    var dep = UInt32(0)
+    comptime for u in range(1, U):
+        comptime for tn in range(TN):
+            dep |= wv[u * TN + tn][0] | sv[u * TN + tn]
+    wv[0][0] ^= dep & opaque_zero
+    comptime for u in range(U):
+        if u >= nb:
+            break
+        var xf = Array[SIMD[DType.uint32, 8], MT](fill=SIMD[DType.uint32, 8](0))
+        comptime for mt in range(MT):
+            var v = xptr[mt].unsafe_load[width=16, alignment=32](min((kg + u) * 64, xlimit))
+            xf[mt] = bitcast[DType.uint32, 8](v)
+        comptime for tn in range(TN):
+            var s = sv[u * TN + tn]
+            var s_lo = _scale_pair(s & 0xFF)  # row g
+            var s_hi = _scale_pair(s >> 8)  # row g + 8
+            var w4 = wv[u * TN + tn]
+            comptime for t in range(4):
+                var a = _decode_word(w4[t])
+                a[0] = _hmul2(a[0], s_lo)
+                a[1] = _hmul2(a[1], s_hi)
+                a[2] = _hmul2(a[2], s_lo)
+                a[3] = _hmul2(a[3], s_hi)
+                comptime for mt in range(MT):
+                    comptime i = (tn * MT + mt) * ACC + (u * 4 + t) % ACC
+                    accs[i] = _mma_bf16(a, xf[mt][2 * t], xf[mt][2 * t + 1], accs[i])
+
+
+def nvfp4_gemv_sm90_kernel[
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int = 1
+](
+    y: Pointer[BFloat16, MutAnyOrigin],
+    x: Pointer[BFloat16, ImmutAnyOrigin],
+    codes: Pointer[UInt8, ImmutAnyOrigin],
+    scales: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    m_rows: Int64,
+    n_rows: Int64,
+    k: Int64,
+    n_tiles: Int64,
+    k_groups: Int64,
+    kw: Int64,
+):
+    """Block = NW x kw warps. Warp (nw, kwi) owns n-tiles [TN*(block*NW+nw), +TN)
+    and the kwi-th contiguous slice of the k-groups; MT m8-tiles of
+    activation rows (block_idx.y picks the 8*MT-row chunk). Partial sums over
+    the kw slices are reduced through shared memory.
+
+    Weights are staged through registers, U k-groups (2 KB per warp for U=4)
+    at a time. Measured on the H200 this beat deeper register double
+    buffering (twice the registers, half the warps) and a cp.async ring
+    (fewer warps, same latency-bound issue rate)."""
+    var lane = Int(lane_id())
+    var warp = Int(thread_idx.x) // 32
+    var nw = warp % NW
+    var kwi = warp // NW
+    var nkw = Int(kw)
+    var m = Int(m_rows)
+    var kk = Int(k)
+    var nt_count = Int(n_tiles)
+    var kg_count = Int(k_groups)
+    var g = lane // 4
+    var q = lane % 4
+    var mbase = Int(block_idx.y) * 8 * MT
+    var xrow = mbase + g
+    var nt0 = (Int(block_idx.x) * NW + nw) * TN
+
+    # Out-of-range n-tiles (last block) read the last valid tile: no divergence,
+    # results are dropped at the store. Rows >= M read row M-1: they only feed
+    # mma columns that are never stored.
+    var cptr = Array[Pointer[UInt8, ImmutAnyOrigin], TN](fill=codes)
+    var sptr = Array[Pointer[UInt8, ImmutAnyOrigin], TN](fill=scales)
+    comptime for tn in range(TN):
+        var t0 = min(nt0 + tn, nt_count - 1) * kg_count
+        cptr[tn] = codes.unsafe_offset(t0 * 512 + lane * 16)
+        sptr[tn] = scales.unsafe_offset(t0 * 64 + lane * 2)
+    var xptr = Array[Pointer[BFloat16, ImmutAnyOrigin], MT](fill=x)
+    comptime for mt in range(MT):
+        xptr[mt] = x.unsafe_offset(min(xrow + 8 * mt, m - 1) * kk + 16 * q)
+    var xlimit = kk - 16 - 16 * q  # k offsets past K (zero-code padding) re-read the last block
+
+    var kg_begin = (kwi * kg_count) // nkw
+    var kg_end = ((kwi + 1) * kg_count) // nkw
+    var opaque_zero = UInt32(Int(kw) >> 40)  # kw <= 16; the compiler cannot know
+
+    var accs = Array[SIMD[DType.float32, 4], TN * MT * ACC](
+        fill=SIMD[DType.float32, 4](0)
+    )
+    var kg = kg_begin
+    while kg < kg_end:
+        var nb = min(U, kg_end - kg)
+        _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
+        kg += U
+
+    var acc = Array[SIMD[DType.float32, 4], TN * MT](fill=SIMD[DType.float32, 4](0))
+    comptime for i in range(TN * MT):
+        comptime for a in range(ACC):
+            acc[i] += accs[i * ACC + a]
+
+    var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
+
+    # Reduce the kw partial sums: every warp parks its fragments in shared
+    # memory, then the kwi == 0 warps add them up and store.
+    comptime FRAG = TN * MT * 32 * 4
+    var red = stack_allocation[
+        KW_MAX * NW * FRAG, Float32, address_space=AddressSpace.SHARED
+    ]()
+    if nkw > 1:
+        comptime for i in range(TN * MT):
+            red.unsafe_store[alignment=16](
+                ((kwi * NW + nw) * TN * MT + i) * 128 + lane * 4, acc[i]
+            )
+        barrier()
+        if kwi != 0:
+            return
+        comptime for i in range(TN * MT):
+            var s = SIMD[DType.float32, 4](0)
+            for j in range(nkw):
+                s += red.unsafe_load[width=4, alignment=16](
+                    ((j * NW + nw) * TN * MT + i) * 128 + lane * 4
+                )
+            acc[i] = s
+
+    var nn = Int(n_rows)
+    comptime for tn in range(TN):
+        comptime for mt in range(MT):
+            var c = acc[tn * MT + mt] * factor
+            var row0 = (nt0 + tn) * 16 + g
+            var col0 = mbase + 8 * mt + 2 * q
+            comptime for e in range(4):
+                var row = row0 + 8 * (e // 2)
+                var col = col0 + (e % 2)
+                if row < nn and col < m:
+                    y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+
+
+# ---------------------------------------------------------------------------
+# Asynchronous variant: weights stream through a per-warp shared-memory ring
+# filled by cp.async, so the bytes in flight (STAGES-1 k-groups per warp) cost
+# no registers. ncu on the register-staged kernel above showed it latency
+# bound: 63 registers -> 32 warps/SM, 2.6 TB/s, warps mostly stalled on the
+# weight loads; staging through registers deeper (PIPE) doubled the registers
+# and halved occupancy.
+# ---------------------------------------------------------------------------
+
+comptime _SLOT = 512  # code bytes per n-tile per k-group
+
+
+@always_inline
+def _cp_async_16(saddr: UInt32, src: Pointer[UInt8, ImmutAnyOrigin]):
+    inlined_assembly[
+        "cp.async.cg.shared.global.L2::256B [$0], [$1], 16;",
+        NoneType,
+        constraints="r,l,~{memory}",
+        has_side_effect=True,
+    ](saddr, src)
+
+
+def nvfp4_gemv_sm90_async_kernel[
+    MT: Int, TN: Int, STAGES: Int, ACC: Int
+](
+    y: Pointer[BFloat16, MutAnyOrigin],
+    x: Pointer[BFloat16, ImmutAnyOrigin],
+    codes: Pointer[UInt8, ImmutAnyOrigin],
+    scales: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    m_rows: Int64,
+    n_rows: Int64,
+    k: Int64,
+    n_tiles: Int64,
+    k_groups: Int64,
+    kw: Int64,
+):
+    """Block = kw warps over one set of TN n-tiles, each warp a contiguous
+    slice of the k-groups. Each lane streams its own 16 code bytes per tile
+    through a private ring of STAGES shared-memory slots with cp.async (so
+    no warp barriers), scale bytes through a register ring of the same depth,
+    and activations one group ahead. Dynamic shared memory:
+    kw * STAGES * TN * 512 bytes of rings + kw * TN * MT * 512 for the
+    reduction over the kw warps."""
+    comptime assert STAGES % 2 == 0, "x double buffer alternates with the slot parity"
+    var lane = Int(lane_id())
+    var warp = Int(thread_idx.x) // 32
+    var nkw = Int(kw)
+    var m = Int(m_rows)
+    var kk = Int(k)
+    var nt_count = Int(n_tiles)
+    var kg_count = Int(k_groups)
+    var g = lane // 4
+    var q = lane % 4
+    var mbase = Int(block_idx.y) * 8 * MT
+    var xrow = mbase + g
+    var nt0 = Int(block_idx.x) * TN
+
+    var kg_begin = (warp * kg_count) // nkw
+    var ngroups = ((warp + 1) * kg_count) // nkw - kg_begin
+
+    # Per-lane global pointers at this warp's first k-group.
+    var cptr = Array[Pointer[UInt8, ImmutAnyOrigin], TN](fill=codes)
+    var sptr = Array[Pointer[UInt8, ImmutAnyOrigin], TN](fill=scales)
+    comptime for tn in range(TN):
+        var t = min(nt0 + tn, nt_count - 1) * kg_count + kg_begin
+        cptr[tn] = codes.unsafe_offset(t * 512 + lane * 16)
+        sptr[tn] = scales.unsafe_offset(t * 64 + lane * 2)
+
+    comptime RING = STAGES * TN * _SLOT
+    var smem = external_memory[UInt8, address_space=AddressSpace.SHARED, alignment=16]()
+    var ring = smem.unsafe_offset(warp * RING + lane * 16)  # this lane's 16 bytes
+    var ring_addr = UInt32(Int(ring))
+
+    var sring = Array[UInt32, STAGES * TN](fill=0)
+
+    # Prologue: groups 0..STAGES-2 in flight (empty commit groups keep the count).
+    comptime for j in range(STAGES - 1):
+        if j < ngroups:
+            comptime for tn in range(TN):
+                _cp_async_16(
+                    ring_addr + UInt32((j * TN + tn) * _SLOT), cptr[tn].unsafe_offset(j * 512)
+                )
+                sring[j * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset(j * 64))
+        async_copy_commit_group()
+
+    var accs = Array[SIMD[DType.float32, 4], TN * MT * ACC](
+        fill=SIMD[DType.float32, 4](0)
+    )
+    var xbuf = Array[SIMD[DType.uint32, 8], 2 * MT](fill=SIMD[DType.uint32, 8](0))
+    comptime for mt in range(MT):
+        xbuf[mt] = _load_x_clamped(x, xrow + 8 * mt, kg_begin * 64 + 16 * q, m, kk)
+
+    var i = 0
+    while i < ngroups:
+        comptime for j in range(STAGES):
+            var gi = i + j
+            if gi < ngroups:
+                # Refill the slot this lane read in the previous step.
+                comptime jn = (j + STAGES - 1) % STAGES
+                var gn = gi + STAGES - 1
+                if gn < ngroups:
+                    comptime for tn in range(TN):
+                        _cp_async_16(
+                            ring_addr + UInt32((jn * TN + tn) * _SLOT),
+                            cptr[tn].unsafe_offset(gn * 512),
+                        )
+                        sring[jn * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset(gn * 64))
+                async_copy_commit_group()
+                comptime xc = (j % 2) * MT
+                comptime xn = ((j + 1) % 2) * MT
+                comptime for mt in range(MT):
+                    xbuf[xn + mt] = _load_x_clamped(
+                        x, xrow + 8 * mt, (kg_begin + gi + 1) * 64 + 16 * q, m, kk
+                    )
+                async_copy_wait_group(Int32(STAGES - 1))
+                comptime for tn in range(TN):
+                    var w4 = ring.unsafe_offset((j * TN + tn) * _SLOT).bitcast[
+                        UInt32
+                    ]().unsafe_load[width=4, alignment=16](0)
+                    var s = sring[j * TN + tn]
+                    var s_lo = _scale_pair(s & 0xFF)
+                    var s_hi = _scale_pair(s >> 8)
+                    comptime for t in range(4):
+                        var a = _decode_word(w4[t])
+                        a[0] = _hmul2(a[0], s_lo)
+                        a[1] = _hmul2(a[1], s_hi)
+                        a[2] = _hmul2(a[2], s_lo)
+                        a[3] = _hmul2(a[3], s_hi)
+                        comptime for mt in range(MT):
+                            comptime ai = (tn * MT + mt) * ACC + t % ACC
+                            accs[ai] = _mma_bf16(
+                                a, xbuf[xc + mt][2 * t], xbuf[xc + mt][2 * t + 1], accs[ai]
+                            )
+        i += STAGES
+
+    var acc = Array[SIMD[DType.float32, 4], TN * MT](fill=SIMD[DType.float32, 4](0))
+    comptime for r in range(TN * MT):
+        comptime for a in range(ACC):
+            acc[r] += accs[r * ACC + a]
+
+    var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
+    if nkw > 1:
+        var red = smem.unsafe_offset(nkw * RING).bitcast[Float32]()
+        comptime for r in range(TN * MT):
+            red.unsafe_store[alignment=16]((warp * TN * MT + r) * 128 + lane * 4, acc[r])
+        barrier()
+        if warp != 0:
+            return
+        comptime for r in range(TN * MT):
+            var sum = SIMD[DType.float32, 4](0)
+            for j in range(nkw):
+                sum += red.unsafe_load[width=4, alignment=16]((j * TN * MT + r) * 128 + lane * 4)
+            acc[r] = sum
+
+    var nn = Int(n_rows)
+    comptime for tn in range(TN):
+        comptime for mt in range(MT):
+            var c = acc[tn * MT + mt] * factor
+            var row0 = (nt0 + tn) * 16 + g
+            var col0 = mbase + 8 * mt + 2 * q
+            comptime for e in range(4):
+                var row = row0 + 8 * (e // 2)
+                var col = col0 + (e % 2)
+                if row < nn and col < m:
+                    y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+
+
+def sm90_async_smem_bytes(kw: Int, mt: Int, tn: Int, stages: Int) -> Int:
+    return kw * stages * tn * _SLOT + kw * tn * mt * 512
+
+
+def nvfp4_dequant_sm90_kernel(
+    w: Pointer[BFloat16, MutAnyOrigin],
+    codes: Pointer[UInt8, ImmutAnyOrigin],
+    scales: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    n_rows: Int64,
+    k: Int64,
+    k_groups: Int64,
+    total_tiles: Int64,
+):
+    """Prepared layout -> bf16 W[N, K] (for the large-M route: dequantize once,
+    then a regular bf16 matmul). One warp per 16x64 tile."""
+    var tile = Int(block_idx.x) * (Int(block_dim.x) // 32) + Int(thread_idx.x) // 32
+    if tile >= Int(total_tiles):
+        return
+    var lane = Int(lane_id())
+    var g = lane // 4
+    var q = lane % 4
+    var kgc = Int(k_groups)
+    var nt = tile // kgc
+    var kg = tile % kgc
+    var kcol = kg * 64 + 16 * q
+    var kk = Int(k)
+    var nn = Int(n_rows)
+    var w4 = _ldg_stream_v4(codes.unsafe_offset(tile * 512 + lane * 16))
+    var s = _ldg_stream_u16(scales.unsafe_offset(tile * 64 + lane * 2))
+    var s_lo = _scale_pair(s & 0xFF)
+    var s_hi = _scale_pair(s >> 8)
+    var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
+    var lo = SIMD[DType.float32, 16](0)  # row g, k = kcol + 0..15
+    var hi = SIMD[DType.float32, 16](0)  # row g + 8
+    comptime for t in range(4):
+        var a = _decode_word(w4[t])
+        var r0 = bitcast[DType.bfloat16, 2](_hmul2(a[0], s_lo)).cast[DType.float32]()
+        var r1 = bitcast[DType.bfloat16, 2](_hmul2(a[1], s_hi)).cast[DType.float32]()
+        var r2 = bitcast[DType.bfloat16, 2](_hmul2(a[2], s_lo)).cast[DType.float32]()
+        var r3 = bitcast[DType.bfloat16, 2](_hmul2(a[3], s_hi)).cast[DType.float32]()
+        lo[4 * t] = r0[0]
+        lo[4 * t + 1] = r0[1]
+        lo[4 * t + 2] = r2[0]
+        lo[4 * t + 3] = r2[1]
+        hi[4 * t] = r1[0]
+        hi[4 * t + 1] = r1[1]
+        hi[4 * t + 2] = r3[0]
+        hi[4 * t + 3] = r3[1]
+    if kcol >= kk:
+        return
+    var row = nt * 16 + g
+    if row < nn:
+        w.unsafe_store[alignment=32](row * kk + kcol, (lo * factor).cast[DType.bfloat16]())
+    if row + 8 < nn:
+        w.unsafe_store[alignment=32](
+            (row + 8) * kk + kcol, (hi * factor).cast[DType.bfloat16]()
+        )
+
+
+# Variants compiled into the op. Chosen at run time from M (see
+# _pick_sm90_variant); the bench can force one through the op parameter.
+#   0: M <= 8,  1 n-tile per warp            (decode, the common case)
+#   1: M <= 16, 2 n-tiles per warp, 2 warps share x through L1
+#   2: M <= 8,  2 n-tiles per warp
+comptime SM90_VARIANTS = 3
+
+
+def sm90_variant_m_limit(variant: Int) -> Int:
+    return 16 if variant == 1 else 8
+
+
+def _pick_sm90_variant(m_rows: Int) -> Int:
+    return 0 if m_rows <= 8 else 1
+
+
+def _pick_kw(blocks: Int, nw: Int, k_groups: Int, sms: Int, kw_max: Int) -> Int:
+    """Warps along K per block: the largest power of two that keeps every block
+    resident in one wave (~32 warps per SM) and gives each warp >= 2 k-groups.
+    Powers of two split K evenly for the model shapes; measured on the H200,
+    an uneven split or a second wave costs 20-40%."""
+    var kw = 1
+    while (
+        kw * 2 <= kw_max
+        and blocks * nw * kw * 2 <= sms * 32
+        and k_groups // (kw * 2) >= 2
+    ):
+        kw *= 2
+    return kw
+
+
+def _launch_sm90[
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int
+](
+    y: Pointer[mut=True, BFloat16, _],
+    x: Pointer[BFloat16, _],
+    codes: Pointer[UInt8, _],
+    scales: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    m_rows: Int,
+    n_rows: Int,
+    k: Int,
+    n_tiles: Int,
+    k_groups: Int,
+    kw_override: Int,
+    ctx: DeviceContext,
+) raises:
+    var blocks_n = ceildiv(n_tiles, NW * TN)
+    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
+    var kw = kw_override if kw_override > 0 else _pick_kw(
+        blocks_n, NW, k_groups, sms, KW_MAX
+    )
+    if kw > KW_MAX:
+        raise Error("nvfp4_gemv_sm90: kw exceeds the compiled maximum")
+    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U]](
+        y,
+        x,
+        codes,
+        scales,
+        global_scale,
+        Int64(m_rows),
+        Int64(n_rows),
+        Int64(k),
+        Int64(n_tiles),
+        Int64(k_groups),
+        Int64(kw),
+        grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
+        block_dim=NW * kw * 32,
+    )
+
+
+def nvfp4_gemv_sm90(
+    y: Pointer[mut=True, BFloat16, _],
+    x: Pointer[BFloat16, _],
+    codes: Pointer[UInt8, _],
+    scales: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    m_rows: Int,
+    n_rows: Int,
+    k: Int,
+    n_tiles: Int,
+    k_groups: Int,
+    variant: Int,
+    kw_override: Int,
+    ctx: DeviceContext,
+) raises:
+    if m_rows == 0 or n_rows == 0:
+        return
+    var v = variant if variant >= 0 else _pick_sm90_variant(m_rows)
+    if v == 0:
+        _launch_sm90[1, 1, 1, 16, 4](
+            y, x, codes, scales, global_scale, m_rows, n_rows, k,
+            n_tiles, k_groups, kw_override, ctx,
+        )
+    elif v == 1:
+        _launch_sm90[2, 2, 2, 8, 4](
+            y, x, codes, scales, global_scale, m_rows, n_rows, k,
+            n_tiles, k_groups, kw_override, ctx,
+        )
+    elif v == 2:
+        _launch_sm90[1, 2, 1, 16, 4](
+            y, x, codes, scales, global_scale, m_rows, n_rows, k,
+            n_tiles, k_groups, kw_override, ctx,
+        )
+    else:
+        raise Error("nvfp4_gemv_sm90: unknown variant")
+
+
+def nvfp4_dequant_sm90(
+    w: Pointer[mut=True, BFloat16, _],
+    codes: Pointer[UInt8, _],
+    scales: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    n_rows: Int,
+    k: Int,
+    n_tiles: Int,
+    k_groups: Int,
+    ctx: DeviceContext,
+) raises:
+    var total = n_tiles * k_groups
+    if total == 0:
+        return
+    ctx.enqueue_function[nvfp4_dequant_sm90_kernel](
+        w,
+        codes,
+        scales,
+        global_scale,
+        Int64(n_rows),
+        Int64(k),
+        Int64(k_groups),
+        Int64(total),
+        grid_dim=ceildiv(total, 8),
+        block_dim=256,
+    )

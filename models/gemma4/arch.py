@@ -1,0 +1,90 @@
+"""Registers our Gemma 4 under MAX's own names, so it replaces the built-ins.
+
+A custom architecture with a built-in's name wins the lookup
+(``--custom-architectures``). Each is registered under the base name MAX
+resolves first and its ``_ModuleV3`` twin (what ``--prefer-module-v3`` looks
+up), plus the names MAX rewrites a Gemma 4 target to when a drafter is given
+(see ``speculative.py``).
+
+Everything but the model, config and encodings is MAX's ModuleV3 Gemma 4
+architecture: tokenizer, context, batching, memory planner, parsers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from max.pipelines.architectures.gemma4_modulev3.arch import (
+    gemma4_modulev3_arch,
+    gemma4_unified_modulev3_arch,
+)
+from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import (
+    unified_mtp_gemma4_modulev3_arch,
+)
+from max.pipelines.lib import SupportedArchitecture
+
+from .model import AttnQuantGemma4Model
+from .model_config import AttnQuantGemma4Config
+from .speculative import (
+    MTP_TARGET,
+    REFUSED_TARGETS,
+    AttnQuantUnifiedMTPGemma4Model,
+    RefusedDrafterConfig,
+    RefusedDrafterModel,
+)
+
+_OURS = dict(
+    default_encoding="bfloat16",
+    supported_encodings=AttnQuantGemma4Config.SUPPORTED_ENCODINGS,
+    config=AttnQuantGemma4Config,
+    multi_gpu_supported=False,
+)
+
+# Image/video + text (google/gemma-4-31B-it): the text tower is ours, the
+# vision tower MAX's. MAX's ModuleV3 vision attention runs on GPU only.
+gemma4_arch = replace(
+    gemma4_modulev3_arch,
+    name="Gemma4ForConditionalGeneration",
+    pipeline_model=AttnQuantGemma4Model,
+    **_OURS,
+)
+
+# The text-only "gemma4_unified" line (google/gemma-4-12B-it); runs on CPU too.
+gemma4_unified_arch = replace(
+    gemma4_unified_modulev3_arch,
+    name="Gemma4UnifiedForConditionalGeneration",
+    pipeline_model=AttnQuantGemma4Model,
+    **_OURS,
+)
+
+# Gemma 4 + a Gemma 4 assistant drafter (MTP speculative decoding).
+gemma4_mtp_arch = replace(
+    unified_mtp_gemma4_modulev3_arch,
+    name=MTP_TARGET,
+    pipeline_model=AttnQuantUnifiedMTPGemma4Model,
+    **_OURS,
+)
+
+# Gemma 4 + a DSpark / DFlash drafter: refused with a clear error.
+refused_drafter_archs = [
+    replace(
+        gemma4_arch,
+        name=name,
+        pipeline_model=RefusedDrafterModel,
+        config=RefusedDrafterConfig,
+    )
+    for name in REFUSED_TARGETS
+]
+
+
+def with_module_v3_twin(arch: SupportedArchitecture) -> list[SupportedArchitecture]:
+    """``arch`` and a copy named ``<name>_ModuleV3`` (``--prefer-module-v3``)."""
+    return [arch, replace(arch, name=f"{arch.name}_ModuleV3")]
+
+
+GEMMA4_ARCHITECTURES: list[SupportedArchitecture] = [
+    *with_module_v3_twin(gemma4_arch),
+    *with_module_v3_twin(gemma4_unified_arch),
+    *with_module_v3_twin(gemma4_mtp_arch),
+    *refused_drafter_archs,
+]

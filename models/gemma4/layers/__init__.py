@@ -1,0 +1,1 @@
+"""Gemma 4 modules whose projections come from an attnquant ``ProjectionPlan``."""

@@ -1,0 +1,133 @@
+"""Gemma 4 attention whose q|k(|v) and o projections are attnquant modules.
+
+It adopts the configuration of MAX's own ``Gemma4Attention`` (per-layer-type
+head size and KV heads, rotary tables, q/k/v norms, window, cache slot) and
+replaces only the projections, so everything between the two matmuls is
+MAX's code path unchanged.
+
+Layers with ``attention_k_eq_v`` (Gemma 4 31B's full-attention layers) have
+no ``v_proj``: the fused input projection is then q|k, and v is k before the
+norms, exactly as MAX and transformers compute it.
+"""
+
+from __future__ import annotations
+
+from max.driver import CPU
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.nn import Module
+from max.experimental.nn.common_layers.functional_kernels import (
+    flash_attention_ragged,
+    rope_split_store_ragged,
+)
+from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
+from max.experimental.tensor import Tensor
+from max.nn.attention import MHAMaskVariant
+from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
+    Gemma4Attention,
+)
+
+from attnquant.linear import build_projection
+from attnquant.runtime_layout import PartPlan
+
+# Plain configuration MAX's attention computes in its constructor.
+_ADOPTED = (
+    "n_heads", "kv_params", "scale", "use_local", "layer_idx_in_cache",
+    "local_window_size", "head_dim", "num_key_value_heads", "q_weight_dim",
+    "kv_weight_dim",
+)  # fmt: skip
+
+
+class ProjectedGemma4Attention(Module[..., Tensor]):
+    """Gemma 4 attention: fused input projection, q/k/v norms, RoPE, flash attention."""
+
+    def __init__(
+        self,
+        base: Gemma4Attention,
+        qkv: tuple[PartPlan, ...],
+        o: tuple[PartPlan, ...],
+    ) -> None:
+        super().__init__()
+        for name in _ADOPTED:
+            setattr(self, name, getattr(base, name))
+        self.rope_global = base.rope_global
+        self.rope_local = base.rope_local
+        self.q_norm = base.q_norm
+        self.k_norm = base.k_norm
+        self.v_norm = base.v_norm
+        self.has_v_proj = "v_proj" in {m for part in qkv for m in part.members}
+        self.qkv_proj = build_projection(qkv)
+        self.o_proj = build_projection(o)
+
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q_dim, kv_dim = self.q_weight_dim, self.kv_weight_dim
+        if self.has_v_proj:
+            x_q, x_k, x_v = F.split(self.qkv_proj(x), [q_dim, kv_dim, kv_dim], axis=-1)
+            return x_q, x_k, x_v
+        x_q, x_k = F.split(self.qkv_proj(x), [q_dim, kv_dim], axis=-1)
+        return x_q, x_k, x_k
+
+    def forward(
+        self, x: Tensor, kv_collection: PagedCacheValues, *, input_row_offsets: Tensor
+    ) -> Tensor:
+        head_dim, n_kv = self.head_dim, self.num_key_value_heads
+        x_q, x_k, x_v = self._project_qkv(x)
+        x_q = self.q_norm(x_q.reshape((-1, self.n_heads, head_dim))).reshape((-1, self.q_weight_dim))
+        x_k = self.k_norm(x_k.reshape((-1, n_kv, head_dim))).reshape((-1, self.kv_weight_dim))
+        x_v = self.v_norm(x_v.reshape((-1, n_kv, head_dim))).reshape((-1, self.kv_weight_dim))
+        attn_out = self._attend(F.concat([x_q, x_k, x_v], axis=-1), kv_collection, input_row_offsets)
+        return self.o_proj(attn_out)
+
+    def _attend(
+        self, qkv: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
+    ) -> Tensor:
+        """Stores k/v in the cache (after RoPE) and attends; returns [tokens, q_dim]."""
+        layer_idx = F.constant(self.layer_idx_in_cache, DType.uint32, device=CPU())
+        rope = self.rope_local if self.use_local else self.rope_global
+        xq = rope_split_store_ragged(
+            kv_params=self.kv_params,
+            qkv=qkv,
+            input_row_offsets=input_row_offsets,
+            freqs_cis=rope.freqs_cis,
+            kv_collection=kv_collection,
+            layer_idx=layer_idx,
+            n_heads=self.n_heads // kv_collection.n_devices,
+            interleaved=rope.interleaved,
+        ).rebind_mapping(qkv.mapping)
+        xq = xq.reshape((-1, self.n_heads, self.head_dim))
+        attn_out = flash_attention_ragged(
+            self.kv_params,
+            input=xq,
+            kv_collection=kv_collection,
+            layer_idx=layer_idx,
+            input_row_offsets=input_row_offsets,
+            mask_variant=(
+                MHAMaskVariant.SLIDING_WINDOW_CAUSAL_MASK
+                if self.use_local
+                else MHAMaskVariant.CAUSAL_MASK
+            ),
+            scale=self.scale,
+            local_window_size=self.local_window_size if self.use_local else -1,
+        ).rebind_mapping(xq.mapping)
+        return attn_out.reshape((-1, self.q_weight_dim))
+
+
+def check_qkv_widths(layer: int, base: Gemma4Attention, qkv: tuple[PartPlan, ...]) -> None:
+    """The checkpoint's q|k(|v) must match the geometry MAX derived from the config.
+
+    A mismatch (say ``attention_k_eq_v`` in a config whose checkpoint has a
+    ``v_proj`` on that layer) would otherwise surface as a shape error deep
+    in MAX's weight binding, or not at all.
+    """
+    expects_v = base._has_v_proj  # noqa: SLF001 (MAX keeps it private)
+    expected = [base.q_weight_dim, base.kv_weight_dim] + [base.kv_weight_dim] * expects_v
+    got = [n for part in qkv for n in part.out_dims]
+    if got != expected:
+        members = [m for part in qkv for m in part.members]
+        kind = "sliding" if base.use_local else "full"
+        raise ValueError(
+            f"Gemma 4 layer {layer} ({kind} attention): the checkpoint has {members} with "
+            f"output widths {got}, the config implies {expected} (v_proj "
+            f"{'present' if expects_v else 'absent: attention_k_eq_v'}); check head_dim, "
+            "global_head_dim, the KV head counts and attention_k_eq_v in config.json"
+        )

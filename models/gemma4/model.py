@@ -1,0 +1,166 @@
+"""Gemma 4 pipeline model: MAX's ModuleV3 Gemma 4 with attnquant projections.
+
+Load time (``_create_model_config``, before either tower compiles) runs
+attnquant's pipeline once over the language weights: theta -> W_eff ->
+optional NVFP4 -> fused run-time layout. Build time
+(``_compile_language_model``) builds MAX's Gemma 4 text model and swaps each
+layer's attention and MLP for modules made from the resulting projection
+plan. The vision tower, when the checkpoint has one, is MAX's, untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from max.experimental import functional as F
+from max.experimental.sharding import DeviceMesh
+from max.experimental.tensor import default_device, default_dtype
+from max.graph import DeviceRef
+from max.graph.weights import Weights
+from max.pipelines.architectures.gemma4.model_config import (
+    Gemma4ForConditionalGenerationConfig,
+)
+from max.pipelines.architectures.gemma4_modulev3.batch_processor import (
+    Gemma4ModuleV3BatchProcessor,
+)
+from max.pipelines.architectures.gemma4_modulev3.gemma4 import Gemma4, Gemma4TextModel
+from max.pipelines.architectures.gemma4_modulev3.model import Gemma4Model
+
+from attnquant import loading
+from attnquant.config import AttnQuantConfig
+from attnquant.max_compat import weight_files
+from attnquant.runtime_layout import ProjectionPlan
+from models.gemma3.layers.mlp import ProjectedMLP
+
+from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
+from .model_config import AttnQuantGemma4Config
+from .weight_adapters import check_language_tensors
+
+
+# Where MAX's ModuleV3 Gemma 4 keeps its text decoder; the names attnquant
+# prepares (and caches) the language weights under, in every Gemma 4 path.
+LANGUAGE_PREFIX = "language_model."
+
+
+def prepare_language_weights(
+    weights: Mapping[str, Any],
+    config: Gemma4ForConditionalGenerationConfig,
+    checkpoint: Weights,
+) -> loading.PreparedWeights:
+    """attnquant's load-time pipeline over one Gemma 4 language tower.
+
+    ``weights`` are named as in MAX's ModuleV3 tree (``language_model.layers.N...``);
+    the result keeps those names, with each layer's q|k(|v) and gate|up fused.
+    """
+    check_language_tensors(weights)
+    prepared = loading.prepare_weights(
+        weights,
+        AttnQuantConfig.from_env(),
+        checkpoint_files=weight_files(checkpoint),
+        num_layers=config.text_config.num_hidden_layers,
+        dtype=config.dtype,
+    )
+    loading.logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
+    if config.vision_config is None:
+        # With no vision tower, unquantized_dtype only types the (empty)
+        # image-embedding input; keep it the served dtype so a float32 CPU
+        # graph holds no bfloat16 tensor.
+        config.unquantized_dtype = config.dtype
+    return prepared
+
+
+def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
+    """One log line: projections served, and the layers whose k and v share one."""
+    members = [m for parts in plan.values() for part in parts for m in part.members]
+    shared_kv = [
+        i
+        for i in range(len(layer_types))
+        if not any(
+            "v_proj" in part.members
+            for key, parts in plan.items()
+            if key.endswith(f"layers.{i}.self_attn.qkv_proj")
+            for part in parts
+        )
+    ]
+    full = layer_types.count("full_attention")
+    return (
+        f"attnquant gemma4: {len(members)} projections in {len(layer_types)} layers "
+        f"({len(layer_types) - full} sliding, {full} full attention); "
+        f"{len(shared_kv)} layers share k and v (attention_k_eq_v, no v_proj)"
+        + (f": {shared_kv}" if shared_kv else "")
+    )
+
+
+def use_projections(text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str) -> None:
+    """Swaps every decoder layer's attention and MLP for plan-built ones.
+
+    ``text_model`` is MAX's ``Gemma4TextModel`` (the ModuleV3 tower, or the
+    MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names.
+    Call it in the same build context (``F.lazy()``, dtype, device) that
+    built ``text_model``.
+    """
+    for i, block in enumerate(text_model.layers):
+        layer = f"{LANGUAGE_PREFIX}layers.{i}"
+        qkv = plan[f"{layer}.self_attn.qkv_proj"]
+        check_qkv_widths(i, block.self_attn, qkv)
+        block.self_attn = ProjectedGemma4Attention(
+            block.self_attn, qkv=qkv, o=plan[f"{layer}.self_attn.o_proj"]
+        )
+        block.mlp = ProjectedMLP(
+            gate_up=plan[f"{layer}.mlp.gate_up_proj"],
+            down=plan[f"{layer}.mlp.down_proj"],
+            activation=activation,
+        )
+
+
+def single_device_mesh(devices: list[Any]) -> DeviceMesh:
+    if len(devices) != 1:
+        raise ValueError(
+            f"attnquant serves on one device; got {len(devices)} "
+            "(tensor parallelism is not supported yet): pass one --devices entry"
+        )
+    return DeviceMesh(tuple(devices), (1,), ("tp",))
+
+
+class AttnQuantGemma4Model(Gemma4Model):
+    model_config_cls: ClassVar[type[Any]] = AttnQuantGemma4Config
+    batch_processor_cls: ClassVar[type[Gemma4ModuleV3BatchProcessor]] = (
+        Gemma4ModuleV3BatchProcessor
+    )
+
+    def _create_model_config(self, state_dict: dict[str, Any]) -> AttnQuantGemma4Config:
+        single_device_mesh(self.devices)
+        config = self.model_config_cls.initialize_from_config(
+            self.pipeline_config, self.huggingface_config, max_seq_len=self.max_seq_len
+        )
+        config.finalize(
+            huggingface_config=self.huggingface_config,
+            state_dict=state_dict,
+            return_logits=self.return_logits,
+        )
+        prepared = prepare_language_weights(self._language_weights_dict, config, self.weights)
+        self._language_weights_dict = prepared.state_dict
+        config.projection_plan = prepared.plan
+        self.config = config
+        return config
+
+    def _compile_language_model(
+        self, model_config: AttnQuantGemma4Config, state_dict: dict[str, Any]
+    ) -> Any:
+        mesh = single_device_mesh(self.devices)
+        with F.lazy(), default_dtype(model_config.dtype), default_device(mesh):
+            module = Gemma4(model_config, self.kv_params, mesh)
+            use_projections(
+                module.language_model,
+                model_config.projection_plan,
+                activation=model_config.text_config.hidden_activation,
+            )
+        assert isinstance(self._batch_processor, Gemma4ModuleV3BatchProcessor)
+        input_types = self._batch_processor.get_language_symbolic_inputs(
+            kv_params=self.kv_params,
+            device_ref=DeviceRef.from_device(self.devices[0]),
+            hidden_size=model_config.text_config.hidden_size,
+            embedding_dtype=model_config.unquantized_dtype,
+        )
+        return module.compile(*input_types, weights=state_dict)

@@ -1,0 +1,160 @@
+"""Gemma 4 with a drafter: the names MAX rewrites the target to, served by us.
+
+With ``--draft-model``, MAX renames a Gemma 4 target before looking it up
+(``_apply_speculative_target_architecture`` in ``max/pipelines/lib/config/
+config.py``) and serves a fused target+draft graph under the new name. Were
+that name left to MAX, adding a drafter would silently serve MAX's
+unquantized target. So:
+
+* a Gemma 4 assistant (MTP) drafter -> ``UnifiedMTPGemma4ForCausalLM``: MAX's
+  ModuleV3 fused MTP model, with our projections in its target;
+* a DSpark or DFlash drafter -> ``UnifiedDSparkGemma4_31BForCausalLM``,
+  ``UnifiedDflashGemma4_31BForCausalLM``, ``UnifiedDSparkGemma4_12BForCausalLM``:
+  MAX has those only as graph-API models, whose layers cannot take our
+  ModuleV3 projections; they are refused, before any weight is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from max.experimental import functional as F
+from max.experimental.tensor import default_device, default_dtype
+from max.graph.weights import WeightData, Weights
+from max.pipelines.architectures.gemma4.model_config import (
+    Gemma4ForConditionalGenerationConfig,
+)
+from max.pipelines.architectures.unified_mtp_gemma4_modulev3.model import (
+    UnifiedMTPGemma4ModuleV3Model,
+)
+from max.pipelines.architectures.unified_mtp_gemma4_modulev3.unified_mtp_gemma4_modulev3 import (
+    UnifiedMTPGemma4ModuleV3,
+)
+from max.pipelines.lib import PipelineConfig
+from transformers import AutoConfig
+from typing_extensions import Self
+
+from attnquant.runtime_layout import ProjectionPlan
+
+from .model import (
+    LANGUAGE_PREFIX,
+    AttnQuantGemma4Model,
+    prepare_language_weights,
+    single_device_mesh,
+    use_projections,
+)
+from .model_config import AttnQuantGemma4Config, check_supported
+
+MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
+REFUSED_TARGETS = (
+    "UnifiedDSparkGemma4_31BForCausalLM",
+    "UnifiedDflashGemma4_31BForCausalLM",
+    "UnifiedDSparkGemma4_12BForCausalLM",
+)
+
+
+def prepare_target_weights(
+    target: dict[str, Any],
+    config: Gemma4ForConditionalGenerationConfig,
+    checkpoint: Weights,
+) -> tuple[dict[str, Any], ProjectionPlan]:
+    """The MTP target's served weights (its bare names) and their plan.
+
+    Prepared under the ModuleV3 tree's names, as ``AttnQuantGemma4Model``
+    does: the quantized-weight cache is keyed by checkpoint and settings, not
+    names, and ``ATTNQUANT_QUANT_IGNORE`` fragments must mean the same with
+    and without a drafter. The plan keeps the prefixed names.
+    """
+    prepared = prepare_language_weights(
+        {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint
+    )
+    served = {name.removeprefix(LANGUAGE_PREFIX): value for name, value in prepared.state_dict.items()}
+    return served, prepared.plan
+
+
+def with_target_weights(
+    weights: dict[str, WeightData], target: dict[str, Any]
+) -> dict[str, Any]:
+    """MAX's fused-module weights with the target's replaced by ours.
+
+    The draft shares the target's embedding module, so its
+    ``draft.embed_tokens.weight`` entry must be the served embedding too.
+    """
+    merged = {k: v for k, v in weights.items() if not k.startswith("target.")}
+    merged.update({f"target.{k}": v for k, v in target.items()})
+    merged["draft.embed_tokens.weight"] = target["embed_tokens.weight"]
+    return merged
+
+
+class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
+    """MAX's ModuleV3 Gemma 4 + MTP assistant, with attnquant projections in the target.
+
+    The draft (the assistant: q-only attention into the target's cache) is
+    MAX's, unquantized.
+    """
+
+    _served_target: dict[str, Any]
+    _projection_plan: ProjectionPlan
+
+    def _create_model_config(
+        self, state_dict: dict[str, Any]
+    ) -> Gemma4ForConditionalGenerationConfig:
+        check_supported(self.huggingface_config)
+        single_device_mesh(self.devices)
+        config = super()._create_model_config(state_dict)
+        # MAX's own build (kept raw in _target_state_dict) still runs; ours
+        # replaces its target weights in _build_module.
+        self._served_target, self._projection_plan = prepare_target_weights(
+            self._target_state_dict, config, self.weights
+        )
+        return config
+
+    def _build_module(
+        self, model_config: Gemma4ForConditionalGenerationConfig
+    ) -> tuple[UnifiedMTPGemma4ModuleV3, dict[str, Any]]:
+        module, weights = super()._build_module(model_config)
+        mesh = single_device_mesh(self.devices)
+        # The build context MAX's _build_module used for the target.
+        with F.lazy(), default_dtype(model_config.dtype), default_device(mesh):
+            use_projections(
+                module.target,
+                self._projection_plan,
+                activation=model_config.text_config.hidden_activation,
+            )
+        return module, with_target_weights(weights, self._served_target)
+
+
+class RefusedDrafterConfig(AttnQuantGemma4Config):
+    """Config of the drafter pairings we do not serve: refuses at initialization."""
+
+    @classmethod
+    def initialize_from_config(
+        cls,
+        pipeline_config: PipelineConfig,
+        huggingface_config: AutoConfig,
+        *,
+        max_seq_len: int,
+    ) -> Self:
+        raise ValueError(refusal_message(pipeline_config))
+
+
+def refusal_message(pipeline_config: PipelineConfig) -> str:
+    draft = pipeline_config.draft_model
+    draft_arch = (
+        draft.huggingface_config.architectures[0]
+        if draft is not None and draft.huggingface_config is not None
+        else "unknown"
+    )
+    return (
+        f"attnquant cannot serve Gemma 4 with a {draft_arch} drafter: MAX runs that pairing "
+        f"as a graph-API fused model ({' / '.join(REFUSED_TARGETS)}) whose target layers "
+        "cannot take attnquant's quantized projections, so it would serve unquantized "
+        "weights. Use a Gemma 4 assistant drafter (Gemma4AssistantForCausalLM, MTP), "
+        "serve without --draft-model, or drop --custom-architectures attnquant."
+    )
+
+
+class RefusedDrafterModel(AttnQuantGemma4Model):
+    """Never builds: its config refuses first (also when MAX skips memory planning)."""
+
+    model_config_cls = RefusedDrafterConfig

@@ -1,0 +1,59 @@
+"""Gemma 4 checkpoint names -> the names of our module tree.
+
+MAX's ModuleV3 converters already produce them (``language_model.layers.N.
+self_attn.q_proj.weight`` ...; the projections are fused later by
+``attnquant.runtime_layout``, which works on any prefix), so they are reused
+as they are. What this module adds is the list of language tensors we know
+how to serve: anything else in a decoder layer (MoE experts, per-layer
+embeddings, ...) is a variant whose weights we would silently drop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
+    convert_language_state_dict_for_module,
+    convert_safetensor_state_dict,
+    convert_vision_state_dict_for_module,
+)
+
+__all__ = [
+    "check_language_tensors",
+    "convert_language_state_dict_for_module",
+    "convert_safetensor_state_dict",
+    "convert_vision_state_dict_for_module",
+    "unsupported_tensors",
+]
+
+# Every tensor of a dense Gemma 4 decoder, below its prefix (``language_model.``
+# in the ModuleV3 tree, none in the MTP target's).
+_SERVED = re.compile(
+    r"(?:.*\.)?(?:"
+    r"embed_tokens\.weight|norm\.weight|lm_head\.weight|"
+    r"layers\.\d+\.(?:"
+    r"self_attn\.(?:[qkvo]_proj|q_norm|k_norm)\.weight|"
+    r"mlp\.(?:gate|up|down)_proj\.weight|"
+    r"(?:input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight|"
+    r"layer_scalar"
+    r"))$"
+)
+
+
+def unsupported_tensors(names: Iterable[str]) -> list[str]:
+    """Language-model tensor names a dense Gemma 4 decoder does not have."""
+    return sorted(name for name in names if not _SERVED.fullmatch(name))
+
+
+def check_language_tensors(names: Iterable[str]) -> None:
+    """Raises ValueError naming the tensors of a variant we do not serve."""
+    unknown = unsupported_tensors(names)
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise ValueError(
+            f"attnquant does not serve this Gemma 4 checkpoint: its language model has "
+            f"{len(unknown)} tensors a dense Gemma 4 decoder does not ({shown}), e.g. "
+            "mixture-of-experts or per-layer-embedding weights. Serve it with MAX's own "
+            "architecture (drop --custom-architectures attnquant)."
+        )

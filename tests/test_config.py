@@ -1,0 +1,152 @@
+"""ATTNQUANT_* parsing, error messages, and docs/configuration.md in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from attnquant.config import SETTINGS, AttnQuantConfig, settings_markdown_table
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+
+
+def test_defaults() -> None:
+    config = AttnQuantConfig.from_env({"XDG_CACHE_HOME": "/xdg"})
+    assert config == AttnQuantConfig(cache_dir=Path("/xdg/attnquant"))
+    assert (config.blocks, config.rank, config.quant, config.gemm, config.quant_ignore) == (
+        None,
+        16,
+        "none",
+        None,
+        (),
+    )
+    assert AttnQuantConfig.from_env({}).cache_dir == Path("~/.cache/attnquant").expanduser()
+
+
+def test_every_variable_is_read() -> None:
+    env = {
+        "ATTNQUANT_BLOCKS": "2",
+        "ATTNQUANT_RANK": " 0 ",
+        "ATTNQUANT_PRECOMPUTE_OUTSIDE": "off",
+        "ATTNQUANT_PRECOMPUTE": "Yes",
+        "ATTNQUANT_QUANT": "NVFP4",
+        "ATTNQUANT_QUANT_IGNORE": "mlp, self_attn.o_proj,,mlp",
+        "ATTNQUANT_SCALE_SEARCH": "mse",
+        "ATTNQUANT_GEMM": "1",
+        "ATTNQUANT_QKV_FUSE": "false",
+        "ATTNQUANT_FUSED_MLP": "0",
+        "ATTNQUANT_CACHE": "no",
+        "ATTNQUANT_CACHE_DIR": "/tmp/aq",
+        "ATTNQUANT_LOG_LEVEL": "debug",
+    }
+    assert AttnQuantConfig.from_env(env) == AttnQuantConfig(
+        blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
+        quant_ignore=("mlp", "self_attn.o_proj"), scale_search="mse", gemm=True, qkv_fuse=False,
+        fused_mlp=False, cache=False, cache_dir=Path("/tmp/aq"), log_level="DEBUG",
+    )  # fmt: skip
+    assert AttnQuantConfig.from_env({"ATTNQUANT_GEMM": "auto", "ATTNQUANT_BLOCKS": ""}).gemm is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("ATTNQUANT_BLOCKS", "0", "integer >= 1"),
+        ("ATTNQUANT_BLOCKS", "two", "integer >= 1"),
+        ("ATTNQUANT_RANK", "-1", "integer >= 0"),
+        ("ATTNQUANT_RANK", "1.5", "integer >= 0"),
+        ("ATTNQUANT_QUANT", "fp8", "none, nvfp4"),
+        ("ATTNQUANT_SCALE_SEARCH", "gptq", "rtn, mse"),
+        ("ATTNQUANT_GEMM", "maybe", "auto, 1/0"),
+        ("ATTNQUANT_CACHE", "2", "1/0, true/false, yes/no, on/off"),
+        ("ATTNQUANT_QUANT_IGNORE", "mlp,.o_proj", "dotted module-name fragments"),
+        ("ATTNQUANT_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),
+    ],
+)
+def test_invalid_value_names_variable_value_and_allowed(
+    name: str, value: str, allowed: str
+) -> None:
+    with pytest.raises(ValueError) as error:
+        AttnQuantConfig.from_env({name: value})
+    assert f"{name}={value!r} is invalid; allowed: " in str(error.value)
+    assert allowed in str(error.value)
+
+
+def test_all_invalid_values_come_in_one_error() -> None:
+    with pytest.raises(ValueError) as error:
+        AttnQuantConfig.from_env({"ATTNQUANT_RANK": "x", "ATTNQUANT_QUANT": "int4"})
+    assert "ATTNQUANT_RANK='x'" in str(error.value) and "ATTNQUANT_QUANT='int4'" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("typo", "suggestion"),
+    [
+        ("ATTNQUANT_BLOCK", "ATTNQUANT_BLOCKS"),
+        ("ATTNQUANT_QUANT_IGNROE", "ATTNQUANT_QUANT_IGNORE"),
+        ("ATTNQUANT_CACHEDIR", "ATTNQUANT_CACHE_DIR"),
+    ],
+)
+def test_unknown_name_warns_with_closest_valid_name(typo: str, suggestion: str) -> None:
+    with pytest.warns(
+        UserWarning,
+        match=f"unknown attnquant variable {typo} is ignored; did you mean {suggestion}\\?",
+    ):
+        AttnQuantConfig.from_env({typo: "1", "OTHER_VARIABLE": "x"})
+
+
+def test_weight_fingerprint_has_exactly_the_weight_changing_fields() -> None:
+    config = AttnQuantConfig(blocks=2, quant_ignore=("mlp",), gemm=True, cache=False)
+    assert config.weight_fingerprint() == {
+        "blocks": 2, "rank": 16, "precompute_outside": True, "quant": "none",
+        "quant_ignore": ["mlp"], "scale_search": "rtn",
+    }  # fmt: skip
+    # Settings that only change how weights run leave the fingerprint alone.
+    assert (
+        dataclasses.replace(config, gemm=False, qkv_fuse=False).weight_fingerprint()
+        == config.weight_fingerprint()
+    )
+
+
+def test_describe_is_one_line_naming_every_field() -> None:
+    line = AttnQuantConfig(quant="nvfp4", quant_ignore=("mlp", "o_proj")).describe()
+    assert "\n" not in line
+    assert (
+        "blocks=layers" in line
+        and "quant=nvfp4" in line
+        and "quant_ignore=mlp,o_proj" in line
+        and "gemm=auto" in line
+    )
+    assert all(f"{field.name}=" in line for field in dataclasses.fields(AttnQuantConfig))
+
+
+def doc_table_rows() -> list[list[str]]:
+    rows = [line for line in DOC.read_text().splitlines() if line.startswith("| `ATTNQUANT_")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def test_doc_table_is_in_step_with_the_dataclass() -> None:
+    rows = doc_table_rows()
+    documented = [re.fullmatch(r"`(ATTNQUANT_\w+)`", row[0])[1] for row in rows]
+    assert documented == [setting.env for setting in SETTINGS]
+    assert [setting.field for setting in SETTINGS] == [
+        field.name for field in dataclasses.fields(AttnQuantConfig)
+    ]
+    for row, setting in zip(rows, SETTINGS, strict=True):
+        assert row[1] == f"`{setting.default_text}`" and row[2] == setting.allowed and row[3]
+    assert (
+        settings_markdown_table() in DOC.read_text()
+    ), "regenerate the table in docs/configuration.md"
+
+
+def test_documented_defaults_are_the_parsed_defaults() -> None:
+    defaults = AttnQuantConfig.from_env({})
+    for setting in SETTINGS:
+        value = getattr(defaults, setting.field)
+        if (
+            setting.default_text not in ("layer count", "auto", "(empty)")
+            and setting.field != "cache_dir"
+        ):
+            assert setting.parse(setting.default_text) == value, setting.env
+    assert defaults == dataclasses.replace(AttnQuantConfig(), cache_dir=defaults.cache_dir)

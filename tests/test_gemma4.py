@@ -1,0 +1,379 @@
+"""Our Gemma 4 on MAX, CPU: registration, refusals, and real serving of a tiny model.
+
+The served model is ``tests/gemma4_fixtures.py``'s random Gemma 4 (text-only
+"unified" line; full-attention layers with their own head size and no
+``v_proj``). One ``max serve`` per configuration, shared by its tests (each
+distinct graph costs minutes to compile on 2 cores): passthrough, and NVFP4
+everywhere but one attention projection (``ATTNQUANT_QUANT_IGNORE``, which
+also makes that layer's q|k a mixed dense + NVFP4 group). The host reference
+is transformers in float32 with the weights MAX serves (dequantized where
+they are NVFP4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attnquant import nvfp4
+from attnquant.checkpoint import load_state_dict
+from attnquant.config import AttnQuantConfig
+from attnquant.reconstruct import precompute_outside
+
+from .gemma4_fixtures import (
+    LAYER_TYPES,
+    TINY_GEMMA4_TEXT,
+    expected_projection_count,
+    write_tiny_gemma4,
+)
+from .serving import REPO, Server, start_server
+
+pytestmark = pytest.mark.max
+
+PROMPTS = ("The capital of France is", "Once upon a time")
+NEW_TOKENS = 10
+ATOL = 2e-3  # MAX vs transformers, both float32, same weights
+IGNORED = "layers.3.self_attn.q_proj"
+CONFIGS = {
+    "passthrough": {"ATTNQUANT_QUANT": "none"},
+    "nvfp4": {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": IGNORED},
+}
+BASE_NAMES = ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def gemma4_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gemma4(tmp_path_factory.mktemp("tiny_gemma4"))
+
+
+@pytest.fixture(scope="session")
+def custom_architectures() -> None:
+    """MAX's global lookup with attnquant imported, as ``--custom-architectures`` does."""
+    from max.pipelines.lib.arch_lookup import ARCH_LOOKUP
+
+    ARCH_LOOKUP.import_custom_architectures([str(REPO / "attnquant")])
+
+
+# --- registration: which implementation MAX resolves (no compile) -----------
+
+
+def _resolve(name: str, prefer_module_v3: bool = False):
+    from max.pipelines.lib.arch_lookup import find_architecture
+
+    arch = find_architecture(name, prefer_module_v3=prefer_module_v3)
+    assert arch is not None, name
+    return arch
+
+
+@pytest.mark.parametrize("prefer_module_v3", [False, True])
+@pytest.mark.parametrize("name", BASE_NAMES)
+def test_base_names_resolve_to_ours(custom_architectures, name: str, prefer_module_v3: bool) -> None:
+    from models.gemma4.model import AttnQuantGemma4Model
+
+    assert _resolve(name, prefer_module_v3).pipeline_model is AttnQuantGemma4Model
+
+
+def _speculative_target(target: str, drafter: str, method: str) -> str:
+    """The name MAX's own config resolution rewrites ``target`` to for this drafter."""
+    from max.pipelines.lib.config.config import _apply_speculative_target_architecture
+    from max.pipelines.speculative import SpeculativeConfig
+
+    def model(arch: str) -> SimpleNamespace:
+        return SimpleNamespace(huggingface_config=SimpleNamespace(architectures=[arch]))
+
+    models = {"main": model(target), "draft": model(drafter)}
+    _apply_speculative_target_architecture(
+        SpeculativeConfig(speculative_method=method, num_speculative_tokens=2), models
+    )
+    return models["main"].huggingface_config.architectures[0]
+
+
+def test_assistant_drafter_resolves_to_our_mtp_model(custom_architectures) -> None:
+    from models.gemma4.speculative import AttnQuantUnifiedMTPGemma4Model
+
+    name = _speculative_target("Gemma4ForConditionalGeneration", "Gemma4AssistantForCausalLM", "mtp")
+    assert name == "UnifiedMTPGemma4ForCausalLM"
+    for prefer_module_v3 in (False, True):
+        assert _resolve(name, prefer_module_v3).pipeline_model is AttnQuantUnifiedMTPGemma4Model
+
+
+@pytest.mark.parametrize(
+    "target, drafter, method",
+    [
+        ("Gemma4ForConditionalGeneration", "DSparkDraftModel", "dspark"),
+        ("Gemma4ForConditionalGeneration", "DFlashDraftModel", "dflash"),
+        ("Gemma4UnifiedForConditionalGeneration", "Gemma4DSparkModel", "dspark"),
+    ],
+)
+def test_other_drafters_resolve_to_a_clear_refusal(custom_architectures, target, drafter, method) -> None:
+    from models.gemma4.speculative import REFUSED_TARGETS, RefusedDrafterConfig
+
+    name = _speculative_target(target, drafter, method)
+    assert name in REFUSED_TARGETS
+    arch = _resolve(name)
+    pipeline = SimpleNamespace(
+        draft_model=SimpleNamespace(huggingface_config=SimpleNamespace(architectures=[drafter]))
+    )
+    assert arch.config is RefusedDrafterConfig
+    with pytest.raises(ValueError, match=f"cannot serve Gemma 4 with a {drafter} drafter"):
+        arch.config.initialize_from_config(pipeline, SimpleNamespace(), max_seq_len=512)
+
+
+# --- bad input: refused with a clear error, before any compile ---------------
+
+
+def _hf_config(**text):
+    from transformers import Gemma4Config
+
+    dense = dict(hidden_size_per_layer_input=0, num_hidden_layers=2)
+    return Gemma4Config(text_config={**dense, **text})
+
+
+@pytest.mark.parametrize(
+    "text, quantization, expected",
+    [
+        (dict(enable_moe_block=True, num_experts=8, top_k_experts=2), None, "enable_moe_block=True, num_experts=8"),
+        (dict(hidden_size_per_layer_input=256), None, "hidden_size_per_layer_input=256"),
+        (dict(num_kv_shared_layers=1), None, "num_kv_shared_layers=1"),
+        ({}, {"quant_method": "modelopt"}, "quantization_config is set"),
+    ],
+)
+def test_unsupported_configs_are_named(text, quantization, expected) -> None:
+    from models.gemma4.model_config import check_supported
+
+    config = _hf_config(**text)
+    if quantization:
+        config.quantization_config = quantization
+    with pytest.raises(ValueError, match=f"does not serve this Gemma 4 checkpoint: .*{expected}"):
+        check_supported(config)
+    check_supported(_hf_config())  # the dense text config passes
+
+
+def test_unified_text_config_gets_the_fields_max_reads() -> None:
+    """transformers' gemma4_unified text config lacks fields MAX's config reads."""
+    from transformers import Gemma4UnifiedConfig
+
+    from models.gemma4.model_config import check_supported, fill_unified_text_defaults
+
+    config = Gemma4UnifiedConfig(text_config=TINY_GEMMA4_TEXT)
+    assert not hasattr(config.text_config, "hidden_size_per_layer_input")  # why the shim exists
+    fill_unified_text_defaults(config.text_config)
+    assert config.text_config.hidden_size_per_layer_input == 0
+    assert config.text_config.enable_moe_block is False
+    check_supported(config)
+
+
+def test_unsupported_tensors_are_named() -> None:
+    from models.gemma4.weight_adapters import check_language_tensors, unsupported_tensors
+
+    dense = [
+        "language_model.embed_tokens.weight",
+        "language_model.layers.0.self_attn.q_proj.weight",
+        "language_model.layers.0.self_attn.k_norm.weight",
+        "language_model.layers.0.mlp.down_proj.weight",
+        "language_model.layers.0.pre_feedforward_layernorm.weight",
+        "language_model.layers.0.layer_scalar",
+    ]
+    assert unsupported_tensors(dense) == []
+    moe = "language_model.layers.0.moe_block.experts.3.gate_proj.weight"
+    with pytest.raises(ValueError, match=r"1 tensors .*moe_block\.experts\.3\.gate_proj"):
+        check_language_tensors([*dense, moe])
+
+
+def test_moe_checkpoint_fails_fast_through_max(gemma4_dir: Path, tmp_path: Path) -> None:
+    """The real CLI: a MoE config stops at config time with our message, no compile."""
+    moe_dir = tmp_path / "moe"
+    shutil.copytree(gemma4_dir, moe_dir)
+    config = json.loads((moe_dir / "config.json").read_text())
+    config["text_config"].update(enable_moe_block=True, num_experts=4, top_k_experts=2)
+    (moe_dir / "config.json").write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run_max.py"), "generate", "--model-path", str(moe_dir),
+         "--prompt", "hi", "--max-new-tokens", "1", "--max-length", "512"],
+        capture_output=True, text=True, timeout=300, env=os.environ,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-2000:]
+    assert "does not serve this Gemma 4 checkpoint: enable_moe_block=True, num_experts=4" in output
+    assert "compiling" not in output.lower()
+
+
+# --- the load-time plan and the module tree it builds (no compile) ------------
+
+
+def test_plan_counts_exactly_the_checkpoint_projections(gemma4_dir: Path) -> None:
+    from attnquant.runtime_layout import to_runtime_layout
+    from models.gemma4.model import describe_projections
+
+    served = precompute_outside(load_state_dict(gemma4_dir), AttnQuantConfig.from_env({}), progress=False)
+    assert served.report.projections_total == expected_projection_count() == 26
+    _, plan = to_runtime_layout(served.state_dict, fuse=True, dtype=torch.float32)
+    for i, layer_type in enumerate(LAYER_TYPES):
+        (qkv,) = plan[f"model.language_model.layers.{i}.self_attn.qkv_proj"]
+        shared_kv = layer_type == "full_attention"
+        assert qkv.members == (("q_proj", "k_proj") if shared_kv else ("q_proj", "k_proj", "v_proj"))
+        assert qkv.out_dims == ((128, 32) if shared_kv else (64, 32, 32))
+    line = describe_projections(plan, LAYER_TYPES)
+    assert line.startswith("attnquant gemma4: 26 projections in 4 layers (2 sliding, 2 full attention)")
+    assert "2 layers share k and v (attention_k_eq_v, no v_proj): [1, 3]" in line
+
+
+def test_mtp_target_takes_the_served_weights(
+    custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MTP target (a ``Gemma4TextModel``) after ``use_projections`` declares
+    exactly the tensors we serve it, NVFP4 and a mixed q|k group included;
+    MAX's compile binds by these names, so a mismatch is a load failure (MTP
+    needs a GPU, so this is as far as a CPU test goes without compiling)."""
+    from max.driver import CPU
+    from max.experimental import functional as F
+    from max.experimental.tensor import default_device, default_dtype
+    from max.pipelines.architectures.unified_mtp_gemma4_modulev3.unified_mtp_gemma4_modulev3 import (
+        UnifiedMTPGemma4ModuleV3Target,
+    )
+
+    from models.gemma4.model import single_device_mesh, use_projections
+    from models.gemma4.speculative import prepare_target_weights, with_target_weights
+
+    for key, value in {**CONFIGS["nvfp4"], "ATTNQUANT_CACHE": "0"}.items():
+        monkeypatch.setenv(key, value)
+    config, mesh = _model_config(gemma4_dir), single_device_mesh([CPU()])
+    raw = {
+        name.removeprefix("model.language_model."): tensor  # MAX's MTP adapter's names
+        for name, tensor in load_state_dict(gemma4_dir).items()
+        if name.startswith("model.language_model.")
+    }
+    checkpoint = SimpleNamespace(_filepaths=[gemma4_dir / "model.safetensors"])
+    served, plan = prepare_target_weights(raw, config, checkpoint)
+    with F.lazy(), default_dtype(config.dtype), default_device(mesh):
+        target = UnifiedMTPGemma4ModuleV3Target(config, mesh)
+        use_projections(target, plan, activation=config.text_config.hidden_activation)
+    declared = {name: tuple(t.shape) for name, t in target.parameters}
+    layer_tensors = {k: tuple(v.shape) for k, v in served.items() if k.startswith("layers.")}
+    assert {k: v for k, v in declared.items() if k.startswith("layers.")} == layer_tensors
+    assert "layers.3.self_attn.qkv_proj.0.weight" in declared  # dense q | NVFP4 k
+    assert served["layers.3.self_attn.qkv_proj.1.weight"].dtype == torch.uint8
+    merged = with_target_weights({"target.old": 0, "draft.x": 1}, served)
+    assert merged["draft.embed_tokens.weight"] is served["embed_tokens.weight"]
+    assert "target.old" not in merged and merged["draft.x"] == 1
+
+
+def _model_config(model_dir: Path):
+    """Our config for the tiny checkpoint, through MAX's PipelineConfig (CPU, float32)."""
+    from max.pipelines.lib import PipelineConfig
+    from max.pipelines.lib.pipeline_args import PipelineArgs
+
+    from models.gemma4.model_config import AttnQuantGemma4Config
+
+    args = PipelineArgs(
+        model_path=str(model_dir), quantization_encoding="float32", max_length=512,
+        device_specs=[{"device_type": "cpu", "id": -1}],
+    )  # fmt: skip
+    pipeline_config = PipelineConfig.from_args(args)
+    config = AttnQuantGemma4Config.initialize(pipeline_config, max_seq_len=512)
+    state_dict = load_state_dict(model_dir)
+    config.finalize(
+        huggingface_config=pipeline_config.model.huggingface_config,
+        state_dict=state_dict,
+        return_logits=config.text_config.return_logits,
+    )
+    return config
+
+
+# --- real serving on CPU --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("attnquant-cache")
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def served(request, gemma4_dir: Path, cache_dir: Path, tmp_path_factory) -> Iterator[tuple[str, Server]]:
+    name = request.param
+    env = {**CONFIGS[name], "ATTNQUANT_CACHE_DIR": str(cache_dir)}
+    log = tmp_path_factory.mktemp("logs") / f"serve-gemma4-{name}.log"
+    server = start_server(gemma4_dir, env, log)
+    try:
+        yield name, server
+    finally:
+        server.stop()
+
+
+def reference_model(model_dir: Path, env: dict[str, str]) -> torch.nn.Module:
+    """transformers float32 with the weights MAX serves under ``env``."""
+    from transformers.models.gemma4_unified.modeling_gemma4_unified import (
+        Gemma4UnifiedForConditionalGeneration,
+    )
+
+    config = AttnQuantConfig.from_env({**env, "ATTNQUANT_CACHE": "0"})
+    served = precompute_outside(load_state_dict(model_dir), config, progress=False).state_dict
+    weights = {}
+    for name, tensor in served.items():
+        if not name.startswith("model.language_model."):
+            continue  # the vision embedder: MAX ignores it, and so does this comparison
+        module = name.removesuffix(".weight")
+        if f"{module}.weight_scale" in served and name.endswith(".weight"):
+            packed = nvfp4.NVFP4Weight(
+                tensor, served[f"{module}.weight_scale"], served[f"{module}.weight_scale_2"]
+            )
+            weights[name] = nvfp4.dequantize(packed)
+        elif not name.endswith(("weight_scale", "weight_scale_2", "input_scale")):
+            weights[name] = tensor.float()
+    model = Gemma4UnifiedForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and not [m for m in missing if "language_model" in m], (missing, unexpected)
+    return model.eval()
+
+
+def test_completions_match_host_reference(served, gemma4_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    name, server = served
+    tokenizer = AutoTokenizer.from_pretrained(gemma4_dir)
+    reference = reference_model(gemma4_dir, CONFIGS[name])
+    plain = reference_model(gemma4_dir, CONFIGS["passthrough"]) if name != "passthrough" else None
+    for prompt in PROMPTS:
+        choice = server.completion(prompt, max_tokens=NEW_TOKENS, logprobs=1)["choices"][0]
+        prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            greedy = reference.generate(prompt_ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+        new = greedy[0, prompt_ids.shape[1] :]
+        ref_text = tokenizer.decode(new, skip_special_tokens=True)
+        # Same weights, both float32: the greedy paths agree token for token.
+        assert choice["text"] == ref_text, f"{name}: MAX {choice['text']!r} != reference {ref_text!r}"
+        assert len(new) == NEW_TOKENS and ref_text.strip(), ref_text  # runs to length, real text
+        ref_logprobs = _token_logprobs(reference, greedy, prompt_ids.shape[1])
+        got = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
+        assert torch.allclose(got, ref_logprobs[: len(got)], atol=ATOL), (got, ref_logprobs)
+        if plain is not None:
+            # The tolerance is far below what quantization moves: serving the
+            # unquantized weights would fail the check above.
+            moved = (_token_logprobs(plain, greedy, prompt_ids.shape[1]) - ref_logprobs).abs().max()
+            assert moved > 10 * ATOL, moved
+
+
+def _token_logprobs(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """log p(token) of each generated token of ``ids`` [1, T] under ``model``."""
+    with torch.no_grad():
+        logits = model(ids).logits[0, prompt_len - 1 : -1]
+    return torch.log_softmax(logits.double(), -1).gather(1, ids[0, prompt_len:, None])[:, 0]
+
+
+def test_load_lines_report_coverage_and_shared_kv(served) -> None:
+    name, server = served
+    log = server.log()
+    load = next(line for line in log.splitlines() if "attnquant load:" in line)
+    expected = {"passthrough": "NVFP4 0/26 projections", "nvfp4": "NVFP4 25/26 projections"}
+    assert expected[name] in load, load
+    assert "attnquant gemma4: 26 projections in 4 layers" in log
+    assert "2 layers share k and v (attention_k_eq_v, no v_proj): [1, 3]" in log

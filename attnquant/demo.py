@@ -28,6 +28,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 PLAIN_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}Question: {{ m['content'] }}\nAnswer:{% endfor %}"
 )
+STOP = "\nQuestion:"  # the pretrained model goes on to ask itself the next question
 _THROUGHPUT = re.compile(r"Eval throughput \(token-generation\): ([\d.]+)")
 
 
@@ -39,7 +40,7 @@ def run_generate(prompt: str, max_new_tokens: int, env: dict[str, str]) -> tuple
             sys.executable, "-m", "attnquant.max_cli", "generate",
             "--prompt", prompt, "--max-new-tokens", str(max_new_tokens),
             "--top-k", "1", "--chat-template", template.name,
-            "--stop", "\nQuestion:",
+            "--stop", STOP,
         ]  # fmt: skip
         result = subprocess.run(args, env=env, capture_output=True, text=True)
     output = result.stdout + result.stderr
@@ -50,7 +51,8 @@ def run_generate(prompt: str, max_new_tokens: int, env: dict[str, str]) -> tuple
 
 def answer_text(stdout: str) -> str:
     """The generated text: what MAX printed before its statistics."""
-    return stdout.split("Prompt size:", 1)[0].strip()
+    text = stdout.split("Prompt size:", 1)[0]
+    return text.split(STOP, 1)[0].strip()  # MAX prints the stop string too
 
 
 def main(argv: Sequence[str] = ()) -> int:

@@ -7,6 +7,7 @@ coverage, the projection bytes before -> after and whether the cache hit.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -109,7 +110,10 @@ def _served_tensors(
     if not config.cache:
         return {**others, **build()}, False
     model_dir = Path(checkpoint_files[0]).parent
-    key = CacheKey.for_model(checkpoint_identity(model_dir), config)
+    # Architectures name the same checkpoint's tensors differently (Gemma 4's
+    # MTP target vs its plain path): the names are part of what is cached.
+    names = hashlib.sha256("\n".join(sorted(projections)).encode()).hexdigest()[:16]
+    key = CacheKey.for_model(f"{checkpoint_identity(model_dir)}:{names}", config)
     cached, hit = QuantizedWeightCache(config.cache_dir).load_or_build(key, build)
     return {**others, **cached}, hit
 

@@ -31,33 +31,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kernels.sm90_layout import prepare_weights  # noqa: E402
 
-# name -> (MT, TN, NW, KW_MAX, U, PIPE, ACC, XP, L2PF), as instantiated in
-# bench/nvfp4_ptx_harness.mojo (only MT, TN, NW, KW_MAX matter for the launch).
+# name -> (MT, TN, NW, KW_MAX, U, ACC) of nvfp4_gemv_sm90_kernel, as instantiated
+# in bench/nvfp4_ptx_harness.mojo (only the first four matter for the launch).
 VARIANTS = {
-    "gv0": (1, 1, 1, 16, 4, False, 1, False, False),
-    "p1": (1, 1, 1, 16, 4, True, 4, False, False),
-    "p2": (1, 1, 1, 16, 2, True, 4, False, False),
-    "p3": (1, 1, 1, 16, 4, True, 4, True, False),
-    "p4": (1, 1, 1, 16, 4, True, 4, False, True),
-    "p5": (2, 1, 1, 16, 4, True, 4, False, False),
-    "p6": (2, 2, 1, 16, 2, True, 2, False, False),
-    "p7": (1, 2, 1, 16, 2, True, 2, False, False),
-    "p8": (1, 1, 1, 16, 8, False, 4, False, False),
-    "p9": (2, 1, 1, 16, 2, True, 4, True, False),
+    "gv0": (1, 1, 1, 16, 4, 1),
+    "g1": (1, 1, 1, 16, 4, 2),
+    "g2": (1, 1, 1, 16, 2, 1),
+    "g3": (1, 1, 1, 16, 8, 1),
+    "g4": (2, 1, 1, 16, 4, 2),
+    "g5": (1, 2, 1, 16, 4, 1),
+    "g6": (2, 2, 2, 8, 2, 1),
 }
-# cp.async ring variants: name -> (MT, TN, STAGES, ACC)
+# cp.async ring variants (nvfp4_gemv_sm90_async_kernel): name -> (MT, TN, STAGES, ACC)
 ASYNC = {
-    "a1": (1, 1, 8, 4),
     "a2": (1, 1, 4, 4),
-    "a3": (1, 1, 6, 2),
-    "a4": (2, 1, 6, 2),
     "a5": (2, 2, 4, 2),
     "a6": (1, 2, 4, 2),
-    "a7": (1, 1, 8, 2),
-    "a8": (2, 1, 8, 2),
+    "a9": (2, 2, 6, 2),
 }
-SMALL_M = ["gv0", "a1", "a2", "a3", "a6", "a7"]
-LARGE_M = ["p5", "a4", "a5", "a8"]
+SMALL_M = ["gv0", "g1", "g2", "g3", "g5", "a2", "a6"]
+LARGE_M = ["g4", "g6", "a5", "a9"]
 
 SHAPES = [  # [N, K]
     (16384, 5376), (5376, 8192), (43008, 5376), (5376, 21504),
@@ -67,12 +60,12 @@ L2_BYTES = 60 * 2**20
 E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
 
-def pick_kw(blocks: int, nw: int, k_groups: int, sms: int, kw_max: int) -> int:
+def pick_kw(blocks: int, k_groups: int, target_warps: int) -> int:
     """Same rule as _pick_kw in nvfp4_matmul.mojo."""
-    kw = 1
-    while kw * 2 <= kw_max and blocks * nw * kw * 2 <= sms * 32 and k_groups // (kw * 2) >= 2:
+    kw = 4
+    while kw < 16 and blocks * kw < target_warps:
         kw *= 2
-    return kw
+    return max(min(kw, k_groups), 1)
 
 
 def random_weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +118,7 @@ def gemv_launch(ks: Kernels, variant: str, y, x, codes, scales, gs, m, n, k, kw=
     mt, tn, nw, kw_max = VARIANTS[variant][:4]
     nt, kg = codes.shape[0] // 16, codes.shape[1] // 32
     blocks = -(-nt // (nw * tn))
-    kw = kw or pick_kw(blocks, nw, kg, sms, kw_max)
+    kw = kw or pick_kw(blocks * nw, kg, 2560)
     kw = min(kw, kw_max)
     ks.launch(variant, (blocks, -(-m // (8 * mt)), 1), (nw * kw * 32, 1, 1), (y, x, codes, scales, gs, m, n, k, nt, kg, kw))
     return kw
@@ -135,7 +128,7 @@ def async_launch(ks: Kernels, variant: str, y, x, codes, scales, gs, m, n, k, kw
     mt, tn, stages, _acc = ASYNC[variant]
     nt, kg = codes.shape[0] // 16, codes.shape[1] // 32
     blocks = -(-nt // tn)
-    kw = min(kw or pick_kw(blocks, 1, kg, sms, 16), 16)
+    kw = min(kw or pick_kw(blocks, kg, 1280), 16)
     smem = kw * stages * tn * 512 + kw * tn * mt * 512
     fn = ks.funcs[variant]
     cp = ks.cp

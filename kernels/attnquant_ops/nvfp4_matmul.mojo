@@ -757,39 +757,30 @@ def nvfp4_dequant_sm90_kernel(
         )
 
 
-# Variants compiled into the op. Chosen at run time from M (see
-# _pick_sm90_variant); the bench can force one through the op parameter.
-#   0: M <= 8,  1 n-tile per warp            (decode, the common case)
-#   1: M <= 16, 2 n-tiles per warp, 2 warps share x through L1
-#   2: M <= 8,  2 n-tiles per warp
-comptime SM90_VARIANTS = 3
+# What the op launches (variant -1 picks from M; the bench can force one):
+#   0: register-staged kernel, 1 m8 tile, 1 n-tile/warp, 4 k-groups per batch
+#      (M <= 8; best measured for M = 1..4 on every shape)
+#   1: cp.async kernel, 2 m8 tiles, 2 n-tiles/warp, 4-deep ring (M <= 16;
+#      best measured for M = 16: x fragments are reused over 2 n-tiles)
+#   2: register-staged kernel, 2 m8 tiles (M <= 16; the alternative to 1)
+# Larger M is processed in chunks of 8 or 16 rows (grid.y), re-reading the
+# weights per chunk; attnquant.kernels routes M > 16 to dequantize + matmul.
 
 
-def sm90_variant_m_limit(variant: Int) -> Int:
-    return 16 if variant == 1 else 8
-
-
-def _pick_sm90_variant(m_rows: Int) -> Int:
-    return 0 if m_rows <= 8 else 1
-
-
-def _pick_kw(blocks: Int, nw: Int, k_groups: Int, sms: Int, kw_max: Int) -> Int:
-    """Warps along K per block: the largest power of two that keeps every block
-    resident in one wave (~32 warps per SM) and gives each warp >= 2 k-groups.
-    Powers of two split K evenly for the model shapes; measured on the H200,
-    an uneven split or a second wave costs 20-40%."""
-    var kw = 1
-    while (
-        kw * 2 <= kw_max
-        and blocks * nw * kw * 2 <= sms * 32
-        and k_groups // (kw * 2) >= 2
-    ):
+def _pick_kw(blocks: Int, k_groups: Int, target_warps: Int) -> Int:
+    """Warps along K per block: the smallest power of two >= 4 that puts at
+    least target_warps warps on the GPU (at most 16, and at most one warp per
+    k-group). Fitted to the H200 sweep in docs/kernels.md: e.g. [16384, 5376]
+    -> 4, [5376, 8192] -> 8, [1152, 6912] -> 16; uneven splits or 1-2 warps
+    per block were 20-300% slower."""
+    var kw = 4
+    while kw < 16 and blocks * kw < target_warps:
         kw *= 2
-    return kw
+    return max(min(kw, k_groups), 1)
 
 
-def _launch_sm90[
-    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int
+def _launch_gemv[
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -805,13 +796,9 @@ def _launch_sm90[
     ctx: DeviceContext,
 ) raises:
     var blocks_n = ceildiv(n_tiles, NW * TN)
-    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
-    var kw = kw_override if kw_override > 0 else _pick_kw(
-        blocks_n, NW, k_groups, sms, KW_MAX
-    )
-    if kw > KW_MAX:
-        raise Error("nvfp4_gemv_sm90: kw exceeds the compiled maximum")
-    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U]](
+    var kw = kw_override if kw_override > 0 else _pick_kw(blocks_n * NW, k_groups, 2560)
+    kw = min(kw, KW_MAX)
+    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U, ACC]](
         y,
         x,
         codes,
@@ -825,6 +812,45 @@ def _launch_sm90[
         Int64(kw),
         grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
         block_dim=NW * kw * 32,
+    )
+
+
+def _launch_async[
+    MT: Int, TN: Int, STAGES: Int, ACC: Int
+](
+    y: Pointer[mut=True, BFloat16, _],
+    x: Pointer[BFloat16, _],
+    codes: Pointer[UInt8, _],
+    scales: Pointer[UInt8, _],
+    global_scale: Pointer[Float32, _],
+    m_rows: Int,
+    n_rows: Int,
+    k: Int,
+    n_tiles: Int,
+    k_groups: Int,
+    kw_override: Int,
+    ctx: DeviceContext,
+) raises:
+    var blocks_n = ceildiv(n_tiles, TN)
+    var kw = kw_override if kw_override > 0 else _pick_kw(blocks_n, k_groups, 1280)
+    kw = min(kw, 16)
+    var smem = sm90_async_smem_bytes(kw, MT, TN, STAGES)
+    ctx.enqueue_function[nvfp4_gemv_sm90_async_kernel[MT, TN, STAGES, ACC]](
+        y,
+        x,
+        codes,
+        scales,
+        global_scale,
+        Int64(m_rows),
+        Int64(n_rows),
+        Int64(k),
+        Int64(n_tiles),
+        Int64(k_groups),
+        Int64(kw),
+        grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
+        block_dim=kw * 32,
+        shared_mem_bytes=smem,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(smem)),
     )
 
 
@@ -845,24 +871,24 @@ def nvfp4_gemv_sm90(
 ) raises:
     if m_rows == 0 or n_rows == 0:
         return
-    var v = variant if variant >= 0 else _pick_sm90_variant(m_rows)
+    var v = variant if variant >= 0 else (0 if m_rows <= 8 else 1)
     if v == 0:
-        _launch_sm90[1, 1, 1, 16, 4](
+        _launch_gemv[1, 1, 1, 16, 4, 1](
             y, x, codes, scales, global_scale, m_rows, n_rows, k,
             n_tiles, k_groups, kw_override, ctx,
         )
     elif v == 1:
-        _launch_sm90[2, 2, 2, 8, 4](
+        _launch_async[2, 2, 4, 2](
             y, x, codes, scales, global_scale, m_rows, n_rows, k,
             n_tiles, k_groups, kw_override, ctx,
         )
     elif v == 2:
-        _launch_sm90[1, 2, 1, 16, 4](
+        _launch_gemv[2, 1, 1, 16, 4, 2](
             y, x, codes, scales, global_scale, m_rows, n_rows, k,
             n_tiles, k_groups, kw_override, ctx,
         )
     else:
-        raise Error("nvfp4_gemv_sm90: unknown variant")
+        raise Error(t"nvfp4_gemv_sm90: unknown variant {v}")
 
 
 def nvfp4_dequant_sm90(

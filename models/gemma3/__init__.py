@@ -1,5 +1,6 @@
 """attnquant's Gemma 3 (``Gemma3ForCausalLM``) for MAX."""
 
+from ..registration import with_module_v3_twin
 from .arch import gemma3_arch
 
-ARCHITECTURES = [gemma3_arch]
+ARCHITECTURES = with_module_v3_twin(gemma3_arch)

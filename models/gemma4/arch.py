@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from max.graph.weights import WeightsFormat
 from max.pipelines.architectures.gemma4_modulev3.arch import (
     gemma4_modulev3_arch,
     gemma4_unified_modulev3_arch,
@@ -23,6 +24,8 @@ from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import (
 )
 from max.pipelines.lib import SupportedArchitecture
 
+from ..registration import with_module_v3_twin
+from . import weight_adapters
 from .model import AttnQuantGemma4Model
 from .model_config import AttnQuantGemma4Config
 from .speculative import (
@@ -46,6 +49,7 @@ gemma4_arch = replace(
     gemma4_modulev3_arch,
     name="Gemma4ForConditionalGeneration",
     pipeline_model=AttnQuantGemma4Model,
+    weight_adapters={WeightsFormat.safetensors: weight_adapters.convert_safetensor_state_dict},
     **_OURS,
 )
 
@@ -54,6 +58,7 @@ gemma4_unified_arch = replace(
     gemma4_unified_modulev3_arch,
     name="Gemma4UnifiedForConditionalGeneration",
     pipeline_model=AttnQuantGemma4Model,
+    weight_adapters=gemma4_arch.weight_adapters,
     **_OURS,
 )
 
@@ -75,11 +80,6 @@ refused_drafter_archs = [
     )
     for name in REFUSED_TARGETS
 ]
-
-
-def with_module_v3_twin(arch: SupportedArchitecture) -> list[SupportedArchitecture]:
-    """``arch`` and a copy named ``<name>_ModuleV3`` (``--prefer-module-v3``)."""
-    return [arch, replace(arch, name=f"{arch.name}_ModuleV3")]
 
 
 GEMMA4_ARCHITECTURES: list[SupportedArchitecture] = [

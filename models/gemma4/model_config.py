@@ -69,7 +69,9 @@ def unsupported_features(huggingface_config: Any) -> list[str]:
             "(per-layer input embeddings, e.g. gemma-4-E2B/E4B)"
         )
     if (getattr(text, "num_kv_shared_layers", 0) or 0) > 0:
-        problems.append(f"num_kv_shared_layers={text.num_kv_shared_layers} (KV sharing across layers)")
+        problems.append(
+            f"num_kv_shared_layers={text.num_kv_shared_layers} (KV sharing across layers)"
+        )
     if getattr(text, "use_double_wide_mlp", False):
         problems.append("use_double_wide_mlp=True")
     if getattr(text, "use_bidirectional_attention", None) == "all":
@@ -113,7 +115,6 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
     ) -> Self:
         fill_unified_text_defaults(huggingface_config.text_config)
         check_supported(huggingface_config)
-        config = super().initialize_from_config(
+        return super().initialize_from_config(
             pipeline_config, huggingface_config, max_seq_len=max_seq_len
         )
-        return config

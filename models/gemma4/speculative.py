@@ -68,7 +68,9 @@ def prepare_target_weights(
     prepared = prepare_language_weights(
         {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint
     )
-    served = {name.removeprefix(LANGUAGE_PREFIX): value for name, value in prepared.state_dict.items()}
+    served = {
+        name.removeprefix(LANGUAGE_PREFIX): value for name, value in prepared.state_dict.items()
+    }
     return served, prepared.plan
 
 

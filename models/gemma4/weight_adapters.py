@@ -2,8 +2,9 @@
 
 MAX's ModuleV3 converters already produce them (``language_model.layers.N.
 self_attn.q_proj.weight`` ...; the projections are fused later by
-``attnquant.runtime_layout``, which works on any prefix), so they are reused
-as they are. What this module adds is the list of language tensors we know
+``attnquant.runtime_layout``, which works on any prefix), so the registry's
+adapter is MAX's (``Gemma4Model`` itself splits language and vision weights
+with MAX's converters when it loads). What this module adds is the list of language tensors we know
 how to serve: anything else in a decoder layer (MoE experts, per-layer
 embeddings, ...) is a variant whose weights we would silently drop.
 """
@@ -14,18 +15,10 @@ import re
 from collections.abc import Iterable
 
 from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
-    convert_language_state_dict_for_module,
     convert_safetensor_state_dict,
-    convert_vision_state_dict_for_module,
 )
 
-__all__ = [
-    "check_language_tensors",
-    "convert_language_state_dict_for_module",
-    "convert_safetensor_state_dict",
-    "convert_vision_state_dict_for_module",
-    "unsupported_tensors",
-]
+__all__ = ["check_language_tensors", "convert_safetensor_state_dict", "unsupported_tensors"]
 
 # Every tensor of a dense Gemma 4 decoder, below its prefix (``language_model.``
 # in the ModuleV3 tree, none in the MTP target's).
@@ -50,7 +43,9 @@ def check_language_tensors(names: Iterable[str]) -> None:
     """Raises ValueError naming the tensors of a variant we do not serve."""
     unknown = unsupported_tensors(names)
     if unknown:
-        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        shown = ", ".join(unknown[:5])
+        if len(unknown) > 5:
+            shown += f" and {len(unknown) - 5} more"
         raise ValueError(
             f"attnquant does not serve this Gemma 4 checkpoint: its language model has "
             f"{len(unknown)} tensors a dense Gemma 4 decoder does not ({shown}), e.g. "

@@ -70,13 +70,16 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
     def forward(
         self, x: Tensor, kv_collection: PagedCacheValues, *, input_row_offsets: Tensor
     ) -> Tensor:
-        head_dim, n_kv = self.head_dim, self.num_key_value_heads
         x_q, x_k, x_v = self._project_qkv(x)
-        x_q = self.q_norm(x_q.reshape((-1, self.n_heads, head_dim))).reshape((-1, self.q_weight_dim))
-        x_k = self.k_norm(x_k.reshape((-1, n_kv, head_dim))).reshape((-1, self.kv_weight_dim))
-        x_v = self.v_norm(x_v.reshape((-1, n_kv, head_dim))).reshape((-1, self.kv_weight_dim))
-        attn_out = self._attend(F.concat([x_q, x_k, x_v], axis=-1), kv_collection, input_row_offsets)
-        return self.o_proj(attn_out)
+        qkv = F.concat(
+            [
+                _per_head(self.q_norm, x_q, self.n_heads, self.head_dim),
+                _per_head(self.k_norm, x_k, self.num_key_value_heads, self.head_dim),
+                _per_head(self.v_norm, x_v, self.num_key_value_heads, self.head_dim),
+            ],
+            axis=-1,
+        )
+        return self.o_proj(self._attend(qkv, kv_collection, input_row_offsets))
 
     def _attend(
         self, qkv: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
@@ -110,6 +113,11 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
             local_window_size=self.local_window_size if self.use_local else -1,
         ).rebind_mapping(xq.mapping)
         return attn_out.reshape((-1, self.q_weight_dim))
+
+
+def _per_head(norm: Module[[Tensor], Tensor], x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """``norm`` over each head's vector of a [tokens, heads * head_dim] projection."""
+    return norm(x.reshape((-1, heads, head_dim))).reshape((-1, heads * head_dim))
 
 
 def check_qkv_widths(layer: int, base: Gemma4Attention, qkv: tuple[PartPlan, ...]) -> None:

@@ -1,0 +1,267 @@
+"""NVFP4 kernels: the sm90 weight layout, the backend chooser, and the Mojo ops.
+
+The layout tests run in milliseconds and check, bit for bit, that what
+``prepare_weights`` stores decodes (the way the GPU kernel decodes it) to the
+ModelOpt weight. The MAX tests compile one small graph on CPU (symbolic M,
+shared by every case) and compare the Mojo CPU op with a float64 reference
+on fresh random inputs. The GPU kernels are checked on the H200 by
+bench/nvfp4_gemv_h200.py; here they are only compiled for sm_90.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnquant import kernels as K
+from kernels import sm90_layout as L
+
+E2M1 = torch.tensor(
+    [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64
+)
+E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def random_nvfp4(n: int, k: int, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes (all 16 values) and random valid non-negative E4M3 scale
+    bits: normal, subnormal (0x01-0x07) and zero scales all occur."""
+    gen = torch.Generator().manual_seed(random.randrange(2**31) if seed is None else seed)
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    scale_bits = torch.randint(0x20, 0x58, (n, k // 16), dtype=torch.uint8, generator=gen)
+    special = torch.rand(n, k // 16, generator=gen)
+    scale_bits[special < 0.1] = torch.randint(0, 8, scale_bits[special < 0.1].shape, dtype=torch.uint8, generator=gen)
+    return packed, scale_bits
+
+
+def reference_weight(packed: torch.Tensor, scale_bits: torch.Tensor, global_scale: float = 1.0) -> torch.Tensor:
+    """float64 W[N, K] straight from the format description (low nibble = even k)."""
+    n, half_k = packed.shape
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(n, 2 * half_k).long()
+    scales = E4M3[scale_bits.long()].repeat_interleave(16, dim=1)
+    return E2M1[codes] * scales * global_scale
+
+
+# ---------------------------------------------------------------------------
+# sm90 layout (pure torch)
+# ---------------------------------------------------------------------------
+
+
+def test_decode_inverts_the_gf2_encoding() -> None:
+    """For random ModelOpt bytes in the four registers of a word, the kernel's
+    decode (4 rotations, 4 masks) yields exactly sign -> bit 15 and e1 e0 m ->
+    bits 8..6 of each bf16 half."""
+    table = L._byte_tables()
+    rng = random.Random()
+    for _ in range(2000):
+        regs = [rng.randrange(256) for _ in range(4)]
+        word = 0
+        for j, v in enumerate(regs):
+            word ^= int(table[j, v])
+        decoded = L.decode_word(word)
+        for j, v in enumerate(regs):
+            for half, code in ((0, v & 15), (1, v >> 4)):
+                bits = (decoded[j] >> (16 * half)) & 0xFFFF
+                assert bits == ((code >> 3) << 15) | ((code & 7) << 6), (regs, j, half)
+
+
+@pytest.mark.parametrize("n,k", [(16, 64), (24, 80), (48, 320), (40, 1152), (1, 16)])
+def test_prepare_weights_round_trips(n: int, k: int) -> None:
+    packed, scale_bits = random_nvfp4(n, k)
+    codes, scales = K.prepare_weights(packed, scale_bits)
+    n16, k64 = -(-n // 16) * 16, -(-k // 64) * 64
+    assert codes.shape == (n16, k64 // 2) and codes.dtype == torch.uint8
+    assert scales.shape == (n16, k64 // 16) and scales.dtype == torch.uint8
+    decoded = L.sm90_reference_dequant(codes, scales, n, k)
+    assert torch.equal(decoded, reference_weight(packed, scale_bits))
+
+
+def test_prepare_weights_zeroes_codes_of_zero_scale_blocks() -> None:
+    packed, scale_bits = random_nvfp4(16, 64)
+    scale_bits[3, 1] = 0
+    codes, scales = K.prepare_weights(packed, scale_bits)
+    # Every bf16 the kernel would feed the tensor core for that block is +-0,
+    # whatever scale it applies.
+    decoded = L.sm90_reference_dequant(codes, torch.full_like(scales, 0x50), 16, 64)
+    assert torch.all(decoded[3, 16:32] == 0)
+    assert torch.count_nonzero(decoded[3, :16]) > 0
+
+
+@pytest.mark.parametrize("bad", [0x81, 0xC8, 0x7F, 0xFF])
+def test_prepare_weights_rejects_negative_and_nan_scales(bad: int) -> None:
+    packed, scale_bits = random_nvfp4(16, 64)
+    scale_bits[5, 2] = bad
+    with pytest.raises(ValueError, match=f"0x{bad:02x}"):
+        K.prepare_weights(packed, scale_bits)
+
+
+def test_prepare_weights_rejects_bad_shapes() -> None:
+    packed, scale_bits = random_nvfp4(16, 64)
+    with pytest.raises(ValueError, match="scale_bits"):
+        K.prepare_weights(packed, scale_bits[:, :3])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        K.prepare_weights(packed[:, :4], scale_bits)
+
+
+# ---------------------------------------------------------------------------
+# Chooser
+# ---------------------------------------------------------------------------
+
+BF16, F32 = K.DType.bfloat16, K.DType.float32
+
+
+@pytest.mark.parametrize(
+    "config,expected",
+    [
+        (K.NVFP4LinearConfig(64, 128, F32, "cpu"), "mojo-cpu"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "cpu"), "graph-dequant"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.SM90), "mojo-sm90"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a"), "mojo-sm90"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_75", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
+        (K.NVFP4LinearConfig(64, 128, F32, "cuda", "sm_90a"), "mojo-gpu"),
+        (K.NVFP4LinearConfig(64, 128, BF16, "hip", "gfx942"), "mojo-gpu"),
+        (K.NVFP4LinearConfig(64, 120, F32, "cpu"), None),
+    ],
+)
+def test_chooser(config: K.NVFP4LinearConfig, expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError, match="multiple of 16"):
+            K.choose_kernel(config)
+    else:
+        assert K.choose_kernel(config).name == expected
+
+
+def test_chooser_logs_its_choice_once(caplog: pytest.LogCaptureFixture) -> None:
+    config = K.NVFP4LinearConfig(48, 96, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT)
+    K.choose_kernel.cache_clear()
+    with caplog.at_level(logging.INFO, logger="attnquant.kernels"):
+        K.choose_kernel(config)
+        K.choose_kernel(config)
+    lines = [r.getMessage() for r in caplog.records if r.name == "attnquant.kernels"]
+    assert len(lines) == 1
+    assert "using mojo-gpu" in lines[0] and "skipped mojo-sm90: takes the sm90 layout" in lines[0]
+
+
+def test_sm90_rejects_fp32_and_old_gpus() -> None:
+    ok, why = K.MojoSM90Kernel.can_implement(K.NVFP4LinearConfig(64, 128, F32, "cuda", "sm_90a"))
+    assert not ok and "bf16" in why
+    ok, why = K.MojoSM90Kernel.can_implement(K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_75"))
+    assert not ok and "sm_80" in why
+
+
+# ---------------------------------------------------------------------------
+# The Mojo ops through MAX on CPU (one compiled graph, symbolic M)
+# ---------------------------------------------------------------------------
+
+N, KDIM = 24, 80  # K: a multiple of 16 but not of 32 or 64
+
+
+@pytest.fixture(scope="module")
+def cpu_graph():
+    from max.driver import CPU
+    from max.dtype import DType
+    from max.experimental import compilation
+    from max.experimental import functional as F
+    from max.experimental.sharding import TensorLayout
+    from max.graph import DeviceRef, TensorType
+
+    device = CPU()
+
+    def forward(x, packed, scale_bits, global_scale):
+        y = K.nvfp4_linear(x, packed, scale_bits, global_scale)
+        # Leading dims are flattened and restored.
+        y3 = K.nvfp4_linear(F.reshape(x, [1, -1, KDIM]), packed, scale_bits, global_scale)
+        (w,) = F.custom(
+            "attnquant.nvfp4_dequant",
+            device,
+            [packed, scale_bits, global_scale],
+            [TensorType(DType.float32, [N, KDIM], DeviceRef.CPU())],
+            custom_extensions=K.custom_extensions_path(),
+        )
+        return y, y3, w
+
+    types = [
+        TensorLayout(DType.float32, ["m", KDIM], device),
+        TensorLayout(DType.uint8, [N, KDIM // 2], device),
+        TensorLayout(DType.uint8, [N, KDIM // 16], device),
+        TensorLayout(DType.float32, [1], device),
+    ]
+    return compilation.compile(forward, custom_extensions=[K.custom_extensions_path()])(*types)
+
+
+def _run(graph, x: torch.Tensor, packed: torch.Tensor, scale_bits: torch.Tensor, gs: float):
+    from max.experimental.tensor import Tensor
+
+    args = [Tensor.from_dlpack(t.contiguous()) for t in (x, packed, scale_bits, torch.tensor([gs]))]
+    return [torch.from_dlpack(o).clone() for o in graph(*args)]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all(), "non-finite output"
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.max
+@pytest.mark.parametrize("m", [1, 3, 16, 64])
+def test_cpu_op_matches_float64_reference(cpu_graph, m: int) -> None:
+    packed, scale_bits = random_nvfp4(N, KDIM)
+    gs = random.uniform(0.001, 0.1)
+    x = torch.randn(m, KDIM)
+    y, y3, w = _run(cpu_graph, x, packed, scale_bits, gs)
+    weight = reference_weight(packed, scale_bits, gs)
+    ref = x.double() @ weight.T
+    assert y.shape == (m, N) and y3.shape == (1, m, N)
+    assert rel_err(y, ref) < 1e-5
+    assert rel_err(y3[0], ref) < 1e-5
+    assert rel_err(w, weight) < 1e-6
+
+
+@pytest.mark.max
+def test_cpu_op_sees_every_input_element(cpu_graph) -> None:
+    """Changing one code or one scale of the last block changes exactly the
+    output column it feeds (catches a kernel that skips the tail)."""
+    packed, scale_bits = random_nvfp4(N, KDIM, seed=7)
+    scale_bits[:, -1] = 0x38  # 1.0
+    x = torch.randn(2, KDIM)
+    (y0, _, _) = _run(cpu_graph, x, packed, scale_bits, 1.0)
+    packed2 = packed.clone()
+    packed2[N - 1, -1] ^= 0x77  # last byte of the last row
+    (y1, _, _) = _run(cpu_graph, x, packed2, scale_bits, 1.0)
+    changed = (y0 != y1).any(dim=0)
+    assert changed[N - 1] and not changed[: N - 1].any()
+
+
+# ---------------------------------------------------------------------------
+# The GPU kernels compile for sm_90 (no GPU needed)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.max
+def test_sm90_kernels_compile_to_ptx(tmp_path: Path) -> None:
+    """Builds every bench variant for sm_90 and checks the PTX: tensor-core
+    mma, streaming 16-byte weight loads, cp.async, and no local memory."""
+    mojo = shutil.which("mojo") or str(Path(__import__("sys").executable).parent / "mojo")
+    if not Path(mojo).exists():
+        pytest.skip("mojo compiler not installed")
+    result = subprocess.run(
+        [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90", "--emit", "asm",
+         "-o", str(tmp_path / "h.s"), str(ROOT / "bench" / "nvfp4_ptx_harness.mojo")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
+    gemv = [t for name, t in ptx.items() if "_gv0_" in name]
+    asyncs = [t for name, t in ptx.items() if "_a5_" in name]
+    assert gemv and asyncs, sorted(ptx)
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in gemv[0]
+    assert "ld.global.nc.L1::no_allocate.v4.u32" in gemv[0]
+    assert "cp.async.cg.shared.global" in asyncs[0]
+    for name, text in ptx.items():
+        assert "local_depot" not in text, f"{name} spills to local memory"

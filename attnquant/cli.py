@@ -26,7 +26,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.projections import PROJECTIONS_BY_BLOCK, ProjectionKey
 from attnquant.reconstruct import PrecomputeReport, precompute_outside
 
-SUBCOMMAND_MODULES: tuple[str, ...] = ("attnquant.demo",)
+SUBCOMMAND_MODULES: tuple[str, ...] = ("attnquant.demo", "attnquant.verify")
 """Modules that register more subcommands (e.g. ``demo-model``, ``verify``)."""
 
 

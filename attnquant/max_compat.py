@@ -7,6 +7,7 @@ or moves any of it fails loudly instead of silently changing behaviour.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +47,22 @@ def weight_files(weights: Any) -> list[Path]:
             "attnquant needs safetensors weights (--weight-path *.safetensors)"
         )
     return [Path(f) for f in files]
+
+
+# Set by MAX's native runtime (C setenv, invisible in os.environ) when it loads.
+_NATIVE_ENV_LEAKS = ("PYTHONEXECUTABLE", "PYTHONPATH")
+
+
+def resync_child_environment() -> None:
+    """Makes child processes see ``os.environ`` again, not MAX's native edits.
+
+    Loading MAX's native library sets ``PYTHONEXECUTABLE`` (to the first
+    ``python3`` on PATH) and ``PYTHONPATH`` at the C level. Every child started
+    without an explicit ``env=`` inherits them, so ``[sys.executable, ...]``
+    runs outside the virtual environment and cannot import its packages.
+    """
+    for name in _NATIVE_ENV_LEAKS:
+        if name in os.environ:
+            os.putenv(name, os.environ[name])
+        else:
+            os.unsetenv(name)

@@ -7,9 +7,13 @@ internal our Gemma 3 builds on; when one fails, revisit that code.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import inspect
 
 from importlib.metadata import version
+from pathlib import Path
 
 from max.graph.weights import SafetensorWeights
 from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3
@@ -21,6 +25,8 @@ from max.pipelines.lib.interfaces.pipeline_model import ModuleV3PipelineModelWit
 from attnquant.max_compat import MAX_VERSION
 from models.gemma3.layers.attention import _ADOPTED
 from models.gemma3.model_config import AttnQuantGemma3Config
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_max_version_is_the_one_we_target() -> None:
@@ -57,3 +63,23 @@ def test_attention_config_attributes_we_adopt_exist() -> None:
 def test_modulev3_load_model_still_calls_prepare_state_dict() -> None:
     source = inspect.getsource(ModuleV3PipelineModelWithKVCache.load_model)
     assert "self._prepare_state_dict(state_dict, model_config)" in source
+
+
+def test_max_still_leaks_python_variables_to_children_and_we_undo_it() -> None:
+    # In a fresh interpreter: MAX's native load sets PYTHONEXECUTABLE for C
+    # only; resync_child_environment removes it again.
+    probe = (
+        "import ctypes, os\n"
+        "import max.pipelines.architectures.gemma3_modulev3.gemma3\n"
+        "from attnquant.max_compat import resync_child_environment\n"
+        "getenv = ctypes.CDLL(None).getenv\n"
+        "getenv.restype = ctypes.c_char_p\n"
+        "leaked = getenv(b'PYTHONEXECUTABLE') is not None and 'PYTHONEXECUTABLE' not in os.environ\n"
+        "resync_child_environment()\n"
+        "print(leaked, getenv(b'PYTHONEXECUTABLE') is None)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONEXECUTABLE"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]

@@ -22,7 +22,7 @@ from attnquant.max_compat import weight_files
 
 from .inputs import AttnQuantGemma3BatchProcessor
 from .layers.attention import ProjectedGemma3Attention
-from .layers.mlp import ProjectedMLP
+from ..common.mlp import ProjectedMLP
 from .model_config import AttnQuantGemma3Config
 
 logger = logging.getLogger("attnquant")

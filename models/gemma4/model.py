@@ -31,7 +31,7 @@ from attnquant import loading
 from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import weight_files
 from attnquant.runtime_layout import ProjectionPlan
-from models.gemma3.layers.mlp import ProjectedMLP
+from models.common.mlp import ProjectedMLP
 
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config

@@ -7,23 +7,18 @@ everything between the two matmuls is MAX's code path unchanged.
 
 from __future__ import annotations
 
-from max.driver import CPU
-from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Module
-from max.experimental.nn.common_layers.functional_kernels import (
-    flash_attention_ragged,
-    rope_split_store_ragged,
-)
 from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
 from max.experimental.tensor import Tensor
-from max.nn.attention import MHAMaskVariant
 from max.pipelines.architectures.gemma3_modulev3.layers.attention import (
     Gemma3Attention,
 )
 
 from attnquant.linear import build_projection
 from attnquant.runtime_layout import PartPlan
+
+from ...common.attention import per_head, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -56,39 +51,25 @@ class ProjectedGemma3Attention(Module[..., Tensor]):
     ) -> Tensor:
         head_dim = self.kv_params.head_dim
         q_dim, kv_dim = self.q_weight_dim, self.kv_weight_dim
-        layer_idx = F.constant(self.layer_idx, DType.uint32, device=CPU())
-
         x_q, x_k, x_v = F.split(self.qkv_proj(x), [q_dim, kv_dim, kv_dim], axis=-1)
-        x_q = self.q_norm(x_q.reshape((-1, self.n_heads, head_dim))).reshape((-1, q_dim))
-        x_k = self.k_norm(x_k.reshape((-1, kv_dim // head_dim, head_dim))).reshape(
-            (-1, kv_dim)
+        qkv = F.concat(
+            [
+                per_head(self.q_norm, x_q, self.n_heads, head_dim),
+                per_head(self.k_norm, x_k, kv_dim // head_dim, head_dim),
+                x_v,
+            ],
+            axis=-1,
         )
-        qkv = F.concat([x_q, x_k, x_v], axis=-1)
-
-        rope = self.rope_local if self.is_sliding else self.rope_global
-        xq = rope_split_store_ragged(
+        attn_out = rope_store_attend(
+            qkv,
             kv_params=self.kv_params,
-            qkv=qkv,
-            input_row_offsets=kwargs["input_row_offsets"],
-            freqs_cis=rope.freqs_cis,
             kv_collection=kv_collection,
-            layer_idx=layer_idx,
-            n_heads=self.n_heads // kv_collection.n_devices,
-            interleaved=rope.interleaved,
-        ).rebind_mapping(qkv.mapping)
-        xq = xq.reshape((-1, self.n_heads, head_dim))
-        attn_out = flash_attention_ragged(
-            self.kv_params,
-            input=xq,
-            kv_collection=kv_collection,
-            layer_idx=layer_idx,
             input_row_offsets=kwargs["input_row_offsets"],
-            mask_variant=(
-                MHAMaskVariant.SLIDING_WINDOW_CAUSAL_MASK
-                if self.is_sliding
-                else MHAMaskVariant.CAUSAL_MASK
-            ),
+            rope=self.rope_local if self.is_sliding else self.rope_global,
+            layer_idx_in_cache=self.layer_idx,
+            n_heads=self.n_heads,
+            head_dim=head_dim,
+            sliding_window=self.local_window_size if self.is_sliding else None,
             scale=self.scale,
-            local_window_size=self.local_window_size,
-        ).rebind_mapping(xq.mapping)
-        return self.o_proj(attn_out.reshape((-1, self.n_heads * head_dim)))
+        )
+        return self.o_proj(attn_out)

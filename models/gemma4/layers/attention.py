@@ -12,23 +12,18 @@ norms, exactly as MAX and transformers compute it.
 
 from __future__ import annotations
 
-from max.driver import CPU
-from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Module
-from max.experimental.nn.common_layers.functional_kernels import (
-    flash_attention_ragged,
-    rope_split_store_ragged,
-)
 from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
 from max.experimental.tensor import Tensor
-from max.nn.attention import MHAMaskVariant
 from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
     Gemma4Attention,
 )
 
 from attnquant.linear import build_projection
 from attnquant.runtime_layout import PartPlan
+
+from ...common.attention import per_head, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -73,51 +68,25 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         x_q, x_k, x_v = self._project_qkv(x)
         qkv = F.concat(
             [
-                _per_head(self.q_norm, x_q, self.n_heads, self.head_dim),
-                _per_head(self.k_norm, x_k, self.num_key_value_heads, self.head_dim),
-                _per_head(self.v_norm, x_v, self.num_key_value_heads, self.head_dim),
+                per_head(self.q_norm, x_q, self.n_heads, self.head_dim),
+                per_head(self.k_norm, x_k, self.num_key_value_heads, self.head_dim),
+                per_head(self.v_norm, x_v, self.num_key_value_heads, self.head_dim),
             ],
             axis=-1,
         )
-        return self.o_proj(self._attend(qkv, kv_collection, input_row_offsets))
-
-    def _attend(
-        self, qkv: Tensor, kv_collection: PagedCacheValues, input_row_offsets: Tensor
-    ) -> Tensor:
-        """Stores k/v in the cache (after RoPE) and attends; returns [tokens, q_dim]."""
-        layer_idx = F.constant(self.layer_idx_in_cache, DType.uint32, device=CPU())
-        rope = self.rope_local if self.use_local else self.rope_global
-        xq = rope_split_store_ragged(
+        attn_out = rope_store_attend(
+            qkv,
             kv_params=self.kv_params,
-            qkv=qkv,
-            input_row_offsets=input_row_offsets,
-            freqs_cis=rope.freqs_cis,
             kv_collection=kv_collection,
-            layer_idx=layer_idx,
-            n_heads=self.n_heads // kv_collection.n_devices,
-            interleaved=rope.interleaved,
-        ).rebind_mapping(qkv.mapping)
-        xq = xq.reshape((-1, self.n_heads, self.head_dim))
-        attn_out = flash_attention_ragged(
-            self.kv_params,
-            input=xq,
-            kv_collection=kv_collection,
-            layer_idx=layer_idx,
             input_row_offsets=input_row_offsets,
-            mask_variant=(
-                MHAMaskVariant.SLIDING_WINDOW_CAUSAL_MASK
-                if self.use_local
-                else MHAMaskVariant.CAUSAL_MASK
-            ),
+            rope=self.rope_local if self.use_local else self.rope_global,
+            layer_idx_in_cache=self.layer_idx_in_cache,
+            n_heads=self.n_heads,
+            head_dim=self.head_dim,
+            sliding_window=self.local_window_size if self.use_local else None,
             scale=self.scale,
-            local_window_size=self.local_window_size if self.use_local else -1,
-        ).rebind_mapping(xq.mapping)
-        return attn_out.reshape((-1, self.q_weight_dim))
-
-
-def _per_head(norm: Module[[Tensor], Tensor], x: Tensor, heads: int, head_dim: int) -> Tensor:
-    """``norm`` over each head's vector of a [tokens, heads * head_dim] projection."""
-    return norm(x.reshape((-1, heads, head_dim))).reshape((-1, heads * head_dim))
+        )
+        return self.o_proj(attn_out)
 
 
 def check_qkv_widths(layer: int, base: Gemma4Attention, qkv: tuple[PartPlan, ...]) -> None:

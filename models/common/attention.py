@@ -1,0 +1,72 @@
+"""The part of Gemma attention between the two projections, shared by Gemma 3 and 4.
+
+RoPE on q and k, k/v stored in the paged cache, ragged flash attention with
+a causal or sliding-window mask: MAX's own kernels, called as MAX's Gemma
+attention calls them.
+"""
+
+from __future__ import annotations
+
+from max.driver import CPU
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.nn import Module
+from max.experimental.nn.common_layers.functional_kernels import (
+    flash_attention_ragged,
+    rope_split_store_ragged,
+)
+from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
+from max.experimental.tensor import Tensor
+from max.nn.attention import MHAMaskVariant
+from max.nn.kv_cache import KVCacheParams
+
+
+def rope_store_attend(
+    qkv: Tensor,
+    *,
+    kv_params: KVCacheParams,
+    kv_collection: PagedCacheValues,
+    input_row_offsets: Tensor,
+    rope: Module,
+    layer_idx_in_cache: int,
+    n_heads: int,
+    head_dim: int,
+    sliding_window: int | None,
+    scale: float,
+) -> Tensor:
+    """Attention over a fused [tokens, q|k|v] tensor; returns [tokens, n_heads * head_dim].
+
+    ``sliding_window`` None means full (causal) attention.
+    """
+    layer_idx = F.constant(layer_idx_in_cache, DType.uint32, device=CPU())
+    xq = rope_split_store_ragged(
+        kv_params=kv_params,
+        qkv=qkv,
+        input_row_offsets=input_row_offsets,
+        freqs_cis=rope.freqs_cis,
+        kv_collection=kv_collection,
+        layer_idx=layer_idx,
+        n_heads=n_heads // kv_collection.n_devices,
+        interleaved=rope.interleaved,
+    ).rebind_mapping(qkv.mapping)
+    xq = xq.reshape((-1, n_heads, head_dim))
+    attn_out = flash_attention_ragged(
+        kv_params,
+        input=xq,
+        kv_collection=kv_collection,
+        layer_idx=layer_idx,
+        input_row_offsets=input_row_offsets,
+        mask_variant=(
+            MHAMaskVariant.CAUSAL_MASK
+            if sliding_window is None
+            else MHAMaskVariant.SLIDING_WINDOW_CAUSAL_MASK
+        ),
+        scale=scale,
+        local_window_size=-1 if sliding_window is None else sliding_window,
+    ).rebind_mapping(xq.mapping)
+    return attn_out.reshape((-1, n_heads * head_dim))
+
+
+def per_head(norm: Module[[Tensor], Tensor], x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """``norm`` over each head's vector of a [tokens, heads * head_dim] projection."""
+    return norm(x.reshape((-1, heads, head_dim))).reshape((-1, heads * head_dim))

@@ -51,6 +51,7 @@ from kernels.sm90_layout import (
     TILE_K,
     TILE_N,
     check_modelopt_tensors,
+    padded_shape,
     prepare_weights,
     sm90_reference_dequant,
 )
@@ -68,6 +69,12 @@ def custom_extensions_path() -> Path:
 class WeightLayout(enum.Enum):
     MODELOPT = "modelopt"  # packed [N, K/2], scale_bits [N, K/16]
     SM90 = "sm90"  # prepare_weights(): same bytes, tile-ordered and re-encoded
+
+    def shapes(self, n: int, k: int) -> tuple[list[int], list[int]]:
+        """The packed-weight and scale shapes of an [N, K] weight in this layout."""
+        if self is WeightLayout.SM90:
+            n, k = padded_shape(n, k)
+        return [n, k // 2], [n, k // BLOCK]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from max.experimental.nn import Module
 from max.experimental.nn.sequential import ModuleList
 from max.experimental.tensor import Tensor
 
-from attnquant import nvfp4_graph
+from attnquant import kernels
 from attnquant.runtime_layout import PartPlan
 
 
@@ -33,20 +33,29 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
     def __init__(self, part: PartPlan) -> None:
         super().__init__()
         n, k = part.out_dim, part.in_dim
+        self.out_features = n
+        self.layout = kernels.WeightLayout(part.layout)
+        packed_shape, scale_shape = self.layout.shapes(n, k)
         self.per_row_scale = len(part.members) > 1
-        self.weight = Tensor.zeros([n, k // 2], dtype=DType.uint8)
-        self.weight_scale = Tensor.zeros([n, k // 16], dtype=DType.uint8)
+        self.weight = Tensor.zeros(packed_shape, dtype=DType.uint8)
+        self.weight_scale = Tensor.zeros(scale_shape, dtype=DType.uint8)
         self.weight_scale_2 = Tensor.zeros(
             [n if self.per_row_scale else 1], dtype=DType.float32
         )
 
+    def _linear(self, x: Tensor, global_scale: Tensor) -> Tensor:
+        return kernels.nvfp4_linear(
+            x, self.weight, self.weight_scale, global_scale,
+            layout=self.layout, out_features=self.out_features,
+        )  # fmt: skip
+
     def forward(self, x: Tensor) -> Tensor:
         if not self.per_row_scale:
-            return nvfp4_graph.linear(x, self.weight, self.weight_scale, self.weight_scale_2)
+            return self._linear(x, self.weight_scale_2)
         # Fused members keep their own global scales: decode at scale 1, then
         # apply each output row's scale to the (small) activation output.
         one = F.constant(1.0, DType.float32, device=self.weight.device).reshape([1])
-        y = nvfp4_graph.linear(x, self.weight, self.weight_scale, one)
+        y = self._linear(x, one)
         return y * F.cast(self.weight_scale_2, y.dtype)
 
 

@@ -7,6 +7,7 @@ coverage, the projection bytes before -> after and whether the cache hit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -16,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from max.driver import Device
 from max.dtype import DType
 
+from attnquant import kernels
 from attnquant.cache import CacheKey, QuantizedWeightCache
 from attnquant.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
 from attnquant.projections import find_projections
 from attnquant.reconstruct import precompute_outside
-from attnquant.runtime_layout import ProjectionPlan, kind_of, to_runtime_layout
+from attnquant.runtime_layout import ProjectionPlan, kind_of, part_name, to_runtime_layout
 from attnquant.theta import band_size
 
 # A child of MAX's logger, so the line shows in `max serve`/`generate` output.
@@ -79,6 +82,7 @@ def prepare_weights(
     checkpoint_files: Sequence[Path],
     num_layers: int,
     dtype: DType,
+    device: Device,
 ) -> PreparedWeights:
     """The run-time state dict and projection plan for one model load."""
     check_config(config, num_layers)
@@ -86,9 +90,36 @@ def prepare_weights(
     start = time.monotonic()
     served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
     runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
+    plan = lay_out_for_kernels(runtime, plan, dtype, device)
     summary = _summary(tensors, served, config, num_layers, hit, time.monotonic() - start)
     logger.info(summary)
     return PreparedWeights(runtime, plan, summary, hit)
+
+
+def lay_out_for_kernels(
+    state_dict: dict[str, torch.Tensor], plan: ProjectionPlan, dtype: DType, device: Device
+) -> ProjectionPlan:
+    """Chooses each NVFP4 part's kernel and re-lays its bytes out for it, once.
+
+    The chooser logs its choice and reason; a kernel that reads the ModelOpt
+    layout leaves the bytes as they are.
+    """
+    laid_out: ProjectionPlan = {}
+    for group, parts in plan.items():
+        new_parts = []
+        for i, part in enumerate(parts):
+            if part.kind == "nvfp4":
+                config = kernels.NVFP4LinearConfig.for_device(part.out_dim, part.in_dim, dtype, device)
+                kernel = kernels.choose_kernel(config)
+                name = part_name(group, i, len(parts))
+                packed, scales = kernel.prepare_weights(
+                    state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"]
+                )
+                state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"] = packed, scales
+                part = dataclasses.replace(part, layout=kernel.layout.value)
+            new_parts.append(part)
+        laid_out[group] = tuple(new_parts)
+    return laid_out
 
 
 def _served_tensors(

@@ -46,6 +46,8 @@ class PartPlan:
     members: tuple[str, ...]
     out_dims: tuple[int, ...]
     in_dim: int
+    layout: str = "modelopt"
+    """NVFP4 byte layout the chosen kernel reads (``attnquant.kernels.WeightLayout``)."""
 
     @property
     def out_dim(self) -> int:
@@ -125,6 +127,11 @@ def _fuse_nvfp4(sd: MutableMapping[str, torch.Tensor], modules: list[str]) -> di
     }
 
 
+def part_name(group: str, index: int, num_parts: int) -> str:
+    """Where a part's tensors live: the group's own name when it is the only part."""
+    return group if num_parts == 1 else f"{group}.{index}"
+
+
 def to_runtime_layout(
     state_dict: Mapping[str, torch.Tensor], *, fuse: bool, dtype: torch.dtype
 ) -> tuple[dict[str, torch.Tensor], ProjectionPlan]:
@@ -147,7 +154,7 @@ def to_runtime_layout(
                     if part.kind == "nvfp4"
                     else _fuse_dense(sd, modules, dtype)
                 )
-                name = f"{block}.{group}" if len(parts) == 1 else f"{block}.{group}.{i}"
+                name = part_name(f"{block}.{group}", i, len(parts))
                 sd.update({f"{name}.{k}": v for k, v in tensors.items()})
     for key, value in sd.items():
         if value.is_floating_point() and value.dtype != dtype and not key.endswith("weight_scale_2"):

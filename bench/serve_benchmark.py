@@ -41,7 +41,7 @@ def launch(
     command, env = VARIANTS[variant]
     args = [
         *command, "serve", "--model-path", str(model), "--port", str(port),
-        "--max-length", "2048", "--enable-in-flight-batching",
+        "--max-length", "2048", "--max-batch-size", "8", "--enable-in-flight-batching",
         "--device-memory-utilization", str(memory_fraction),
         "--device-graph-capture" if capture else "--no-device-graph-capture",
     ]  # fmt: skip

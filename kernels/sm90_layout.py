@@ -118,6 +118,11 @@ def _scale_table() -> torch.Tensor:
     return table
 
 
+def padded_shape(n: int, k: int) -> tuple[int, int]:
+    """(N, K) rounded up to whole prepared tiles."""
+    return -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
+
+
 def prepare_weights(packed: torch.Tensor, scale_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelOpt NVFP4 -> the mojo-sm90 layout (pure torch, on packed's device).
 
@@ -139,8 +144,7 @@ def prepare_weights(packed: torch.Tensor, scale_bits: torch.Tensor) -> tuple[tor
         bad = int(scale_bits[scale_codes < 0][0])
         raise ValueError(f"mojo-sm90 needs non-negative, finite block scales; found E4M3 bits 0x{bad:02x}")
     scale_codes = scale_codes.to(torch.uint8)
-    n16 = -(-n // TILE_N) * TILE_N
-    k64 = -(-k // TILE_K) * TILE_K
+    n16, k64 = padded_shape(n, k)
     nt, kg = n16 // TILE_N, k64 // TILE_K
 
     codes, sc = packed, scale_codes

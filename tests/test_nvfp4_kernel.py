@@ -244,24 +244,22 @@ def test_cpu_op_sees_every_input_element(cpu_graph) -> None:
 
 
 @pytest.mark.max
-def test_sm90_kernels_compile_to_ptx(tmp_path: Path) -> None:
-    """Builds every bench variant for sm_90 and checks the PTX: tensor-core
-    mma, streaming 16-byte weight loads, cp.async, and no local memory."""
+def test_gpu_ops_compile_for_sm90(tmp_path: Path) -> None:
+    """Instantiates every op's GPU path (bench/nvfp4_ops_gpu_harness.mojo) for
+    sm_90 and checks the PTX: tensor-core mma, streaming 16-byte weight loads,
+    cp.async, and no local memory. CPU graphs never compile these branches."""
     mojo = shutil.which("mojo") or str(Path(__import__("sys").executable).parent / "mojo")
     if not Path(mojo).exists():
         pytest.skip("mojo compiler not installed")
     result = subprocess.run(
         [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90", "--emit", "asm",
-         "-o", str(tmp_path / "h.s"), str(ROOT / "bench" / "nvfp4_ptx_harness.mojo")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+         "-o", str(tmp_path / "h.s"), str(ROOT / "bench" / "nvfp4_ops_gpu_harness.mojo")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    ptx = {p.name: p.read_text() for p in tmp_path.glob("*.ptx")}
-    gemv = [t for name, t in ptx.items() if "_gv0_" in name]
-    asyncs = [t for name, t in ptx.items() if "_a5_" in name]
-    assert gemv and asyncs, sorted(ptx)
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in gemv[0]
-    assert "ld.global.nc.L1::no_allocate.v4.u32" in gemv[0]
-    assert "cp.async.cg.shared.global" in asyncs[0]
-    for name, text in ptx.items():
-        assert "local_depot" not in text, f"{name} spills to local memory"
+    ptx = [p.read_text() for p in tmp_path.glob("*.ptx")]
+    assert len(ptx) >= 6, "expected gemv (3 variants), dequant and 2 generic kernels"
+    assert any("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in t for t in ptx)
+    assert any("ld.global.nc.L1::no_allocate.v4.u32" in t for t in ptx)
+    assert any("cp.async.cg.shared.global" in t for t in ptx)
+    assert not any("local_depot" in t for t in ptx), "a kernel spills to local memory"

@@ -60,6 +60,7 @@ class AttnQuantGemma3Model(Gemma3Model):
             checkpoint_files=weight_files(self.weights),
             num_layers=model_config.num_hidden_layers,
             dtype=model_config.dtype,
+            device=self.devices[0],
         )
         model_config.projection_plan = prepared.plan
         return prepared.state_dict

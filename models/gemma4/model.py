@@ -10,6 +10,8 @@ plan. The vision tower, when the checkpoint has one, is MAX's, untouched.
 
 from __future__ import annotations
 
+from max.driver import Device
+
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -47,6 +49,7 @@ def prepare_language_weights(
     weights: Mapping[str, Any],
     config: Gemma4ForConditionalGenerationConfig,
     checkpoint: Weights,
+    device: Device,
 ) -> loading.PreparedWeights:
     """attnquant's load-time pipeline over one Gemma 4 language tower.
 
@@ -60,6 +63,7 @@ def prepare_language_weights(
         checkpoint_files=weight_files(checkpoint),
         num_layers=config.text_config.num_hidden_layers,
         dtype=config.dtype,
+        device=device,
     )
     loading.logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
     if config.vision_config is None:
@@ -139,7 +143,9 @@ class AttnQuantGemma4Model(Gemma4Model):
             state_dict=state_dict,
             return_logits=self.return_logits,
         )
-        prepared = prepare_language_weights(self._language_weights_dict, config, self.weights)
+        prepared = prepare_language_weights(
+            self._language_weights_dict, config, self.weights, self.devices[0]
+        )
         self._language_weights_dict = prepared.state_dict
         config.projection_plan = prepared.plan
         self.config = config

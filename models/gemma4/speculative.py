@@ -16,6 +16,8 @@ unquantized target. So:
 
 from __future__ import annotations
 
+from max.driver import Device
+
 from typing import Any
 
 from max.experimental import functional as F
@@ -57,6 +59,7 @@ def prepare_target_weights(
     target: dict[str, Any],
     config: Gemma4ForConditionalGenerationConfig,
     checkpoint: Weights,
+    device: Device,
 ) -> tuple[dict[str, Any], ProjectionPlan]:
     """The MTP target's served weights (its bare names) and their plan.
 
@@ -66,7 +69,7 @@ def prepare_target_weights(
     and without a drafter. The plan keeps the prefixed names.
     """
     prepared = prepare_language_weights(
-        {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint
+        {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint, device
     )
     served = {
         name.removeprefix(LANGUAGE_PREFIX): value for name, value in prepared.state_dict.items()
@@ -107,7 +110,7 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.
         self._served_target, self._projection_plan = prepare_target_weights(
-            self._target_state_dict, config, self.weights
+            self._target_state_dict, config, self.weights, self.devices[0]
         )
         return config
 

@@ -111,15 +111,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_PRECOMPUTE_OUTSIDE", "precompute_outside", _parse_bool, _constant(True),
         "1", _BOOL,
-        "Build W_eff on the host at load time and serve plain (or NVFP4) weights; "
-        "0 serves the theta bundle and reconstructs in the graph.",
+        "Build W_eff on the host at load time and serve plain (or NVFP4) weights. "
+        "0 (reconstruct in the graph) is not available in this release: loading refuses it.",
         changes_weights=True,
     ),
     Setting(
         "ATTNQUANT_PRECOMPUTE", "precompute", _parse_bool, _constant(False),
         "0", _BOOL,
-        "With PRECOMPUTE_OUTSIDE=0: fold W_eff once inside the graph instead of "
-        "reconstructing on every forward pass.",
+        "With PRECOMPUTE_OUTSIDE=0: fold W_eff once inside the graph. Not available "
+        "in this release: loading refuses 1.",
     ),
     Setting(
         "ATTNQUANT_QUANT", "quant", _parse_choice("none", "nvfp4"), _constant("none"),
@@ -144,8 +144,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
-        "In-graph reconstruction path: 1 = GEMM formulation, 0 = generated_linear "
-        "kernel, auto = chosen per accelerator.",
+        "In-graph reconstruction path (1 = GEMM formulation, 0 = generated_linear "
+        "kernel). Reserved: in-graph reconstruction is not in this release.",
     ),
     Setting(
         "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),
@@ -155,7 +155,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_FUSED_MLP", "fused_mlp", _parse_bool, _constant(True),
         "1", _BOOL,
-        "Use the fused MLP kernel variant where available.",
+        "Reserved for the generated_linear fused-MLP kernel (not in this release).",
     ),
     Setting(
         "ATTNQUANT_CACHE", "cache", _parse_bool, _constant(True),

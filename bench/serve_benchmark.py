@@ -72,7 +72,9 @@ def run_trial(model: Path, port: int, result: Path) -> dict:
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
         "--num-prompts", "8", "--temperature", "0", "--result-filename", str(result),
     ]  # fmt: skip
-    subprocess.run(args, check=True, capture_output=True)
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"max benchmark failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(result.read_text())
 
 

@@ -204,20 +204,11 @@ class MojoSM90Kernel(NVFP4Kernel):
 
     @classmethod
     def apply(cls, x, packed, scale_bits, global_scale, config):
-        def gemv() -> Tensor:
-            return _custom("attnquant.nvfp4_gemv_sm90", x, [packed, scale_bits, global_scale], config.n)
-
-        def dequant_matmul() -> Tensor:
-            (w,) = F.custom(
-                "attnquant.nvfp4_dequant_sm90",
-                x.device,
-                [packed, scale_bits, global_scale],
-                [TensorType(DType.bfloat16, [config.n, config.k], DeviceRef.from_device(x.device))],
-                custom_extensions=_ops_for_current_graph(),
-            )
-            return x @ w.T
-
-        return _dispatch_on_m(x, config, gemv, dequant_matmul)
+        return _gemv_or_dequant_matmul(
+            x, [packed, scale_bits, global_scale], config,
+            gemv_op="attnquant.nvfp4_gemv_sm90", dequant_op="attnquant.nvfp4_dequant_sm90",
+            weight_dtype=DType.bfloat16,
+        )  # fmt: skip
 
 
 class MojoCPUKernel(NVFP4Kernel):
@@ -253,20 +244,11 @@ class MojoGenericGPUKernel(NVFP4Kernel):
 
     @classmethod
     def apply(cls, x, packed, scale_bits, global_scale, config):
-        def gemv() -> Tensor:
-            return _custom("attnquant.nvfp4_matmul", x, [packed, scale_bits, global_scale], config.n)
-
-        def dequant_matmul() -> Tensor:
-            (w,) = F.custom(
-                "attnquant.nvfp4_dequant",
-                x.device,
-                [packed, scale_bits, global_scale],
-                [TensorType(x.dtype, [config.n, config.k], DeviceRef.from_device(x.device))],
-                custom_extensions=_ops_for_current_graph(),
-            )
-            return x @ w.T
-
-        return _dispatch_on_m(x, config, gemv, dequant_matmul)
+        return _gemv_or_dequant_matmul(
+            x, [packed, scale_bits, global_scale], config,
+            gemv_op="attnquant.nvfp4_matmul", dequant_op="attnquant.nvfp4_dequant",
+            weight_dtype=x.dtype,
+        )  # fmt: skip
 
 
 class GraphDequantKernel(NVFP4Kernel):
@@ -350,6 +332,34 @@ def _custom(name: str, x: Tensor, weights: list[Tensor], n: int) -> Tensor:
     out = TensorType(x.dtype, [x.shape[0], n], DeviceRef.from_device(x.device))
     (y,) = F.custom(name, x.device, [x, *weights], [out], custom_extensions=_ops_for_current_graph())
     return y
+
+
+def _gemv_or_dequant_matmul(
+    x: Tensor,
+    weights: list[Tensor],
+    config: NVFP4LinearConfig,
+    *,
+    gemv_op: str,
+    dequant_op: str,
+    weight_dtype: DType,
+) -> Tensor:
+    """The GEMV op for decode-sized M; for prefill, decode W once and use MAX's matmul."""
+
+    def gemv() -> Tensor:
+        return _custom(gemv_op, x, weights, config.n)
+
+    def dequant_matmul() -> Tensor:
+        device = DeviceRef.from_device(x.device)
+        (w,) = F.custom(
+            dequant_op,
+            x.device,
+            weights,
+            [TensorType(weight_dtype, [config.n, config.k], device)],
+            custom_extensions=_ops_for_current_graph(),
+        )
+        return x @ w.T
+
+    return _dispatch_on_m(x, config, gemv, dequant_matmul)
 
 
 def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor:

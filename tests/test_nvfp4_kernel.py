@@ -141,10 +141,10 @@ def test_chooser(config: K.NVFP4LinearConfig, expected: str | None) -> None:
 def test_chooser_logs_its_choice_once(caplog: pytest.LogCaptureFixture) -> None:
     config = K.NVFP4LinearConfig(48, 96, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT)
     K.choose_kernel.cache_clear()
-    with caplog.at_level(logging.INFO, logger="attnquant.kernels"):
+    with caplog.at_level(logging.INFO, logger=K.logger.name):
         K.choose_kernel(config)
         K.choose_kernel(config)
-    lines = [r.getMessage() for r in caplog.records if r.name == "attnquant.kernels"]
+    lines = [r.getMessage() for r in caplog.records if r.name == K.logger.name]
     assert len(lines) == 1
     assert "using mojo-gpu" in lines[0] and "skipped mojo-sm90: takes the sm90 layout" in lines[0]
 

@@ -49,20 +49,14 @@ def weight_files(weights: Any) -> list[Path]:
     return [Path(f) for f in files]
 
 
-# Set by MAX's native runtime (C setenv, invisible in os.environ) when it loads.
-_NATIVE_ENV_LEAKS = ("PYTHONEXECUTABLE", "PYTHONPATH")
-
-
-def resync_child_environment() -> None:
-    """Makes child processes see ``os.environ`` again, not MAX's native edits.
+def child_environment() -> dict[str, str]:
+    """The environment to hand a child process explicitly (``env=``).
 
     Loading MAX's native library sets ``PYTHONEXECUTABLE`` (to the first
-    ``python3`` on PATH) and ``PYTHONPATH`` at the C level. Every child started
-    without an explicit ``env=`` inherits them, so ``[sys.executable, ...]``
-    runs outside the virtual environment and cannot import its packages.
+    ``python3`` on PATH) and ``PYTHONPATH`` with C ``setenv``: invisible in
+    ``os.environ``, but inherited by every child started without ``env=``, so
+    ``[sys.executable, ...]`` then runs outside the virtual environment and
+    cannot import its packages. MAX itself may rely on them in-process, so we
+    leave them alone and pass children ``os.environ``'s view instead.
     """
-    for name in _NATIVE_ENV_LEAKS:
-        if name in os.environ:
-            os.putenv(name, os.environ[name])
-        else:
-            os.unsetenv(name)
+    return dict(os.environ)

@@ -50,12 +50,3 @@ def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(directory)
     (directory / "tokenizer_config.json").write_text('{"model_max_length": 128}\n')
     return directory
-
-
-@pytest.fixture(autouse=True)
-def _children_see_our_environment():
-    """Undoes MAX's native PYTHONEXECUTABLE/PYTHONPATH edits before each test
-    (see attnquant.max_compat.resync_child_environment)."""
-    from attnquant.max_compat import resync_child_environment
-
-    resync_child_environment()

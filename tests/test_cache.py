@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from attnquant.max_compat import child_environment
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -171,7 +173,7 @@ def start_worker(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
     script.write_text(WORKER.format(repo=str(REPO)))
     return subprocess.Popen(
         [sys.executable, str(script), str(tmp_path / "cache"), mode, str(tmp_path / "builds")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_environment(),
     )  # fmt: skip
 
 

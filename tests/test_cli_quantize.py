@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from attnquant.max_compat import child_environment
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -230,6 +232,7 @@ def test_python_dash_m_runs_the_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "attnquant", "--help"],
         cwd=REPO,
+        env=child_environment(),
         capture_output=True,
         text=True,
         timeout=120,

@@ -253,7 +253,7 @@ def test_mtp_target_takes_the_served_weights(
         if name.startswith("model.language_model.")
     }
     checkpoint = SimpleNamespace(_filepaths=[gemma4_dir / "model.safetensors"])
-    served, plan = prepare_target_weights(raw, config, checkpoint)
+    served, plan = prepare_target_weights(raw, config, checkpoint, CPU())
     with F.lazy(), default_dtype(config.dtype), default_device(mesh):
         target = UnifiedMTPGemma4ModuleV3Target(config, mesh)
         use_projections(target, plan, activation=config.text_config.hidden_activation)

@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from attnquant.max_compat import child_environment
 import torch
 
 from attnquant import kernels as K
@@ -254,7 +256,7 @@ def test_gpu_ops_compile_for_sm90(tmp_path: Path) -> None:
     result = subprocess.run(
         [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90", "--emit", "asm",
          "-o", str(tmp_path / "h.s"), str(ROOT / "bench" / "nvfp4_ops_gpu_harness.mojo")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=child_environment(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     ptx = [p.read_text() for p in tmp_path.glob("*.ptx")]

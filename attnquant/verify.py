@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -43,13 +42,14 @@ from tqdm.auto import tqdm
 from attnquant import nvfp4
 from attnquant.checkpoint import load_state_dict
 from attnquant.cli import register_subcommand
-from attnquant.config import SETTINGS, AttnQuantConfig
+from attnquant.config import ENV_PREFIX, SETTINGS, AttnQuantConfig
 from attnquant.corpus import Text, load_text
 
 DEFAULT_TOKENS = 20_000
 DEFAULT_WINDOW = 512
 MAX_WINDOW = 1024
-"""MAX's planned max length. Fixed, so every window size shares one compiled graph."""
+"""MAX's planned max length (windows must be shorter). Fixed, so that --window
+never changes what MAX compiles."""
 
 # Rows of a window handled at once in float64: 64 x 262k vocab x 8 B = 134 MB.
 _ROWS_PER_CHUNK = 64
@@ -156,7 +156,8 @@ def token_windows(ids: Sequence[int], *, bos: int, window: int, tokens: int) -> 
     if tokens > len(ids):
         raise ValueError(f"--tokens {tokens} is more than the text has ({len(ids)})")
     step = window - 1
-    return [[bos, *ids[start : min(start + step, tokens)]] for start in range(0, tokens, step)]
+    starts = range(0, tokens, step)
+    return [[bos, *ids[start : min(start + step, tokens)]] for start in starts]
 
 
 def compare(
@@ -170,7 +171,7 @@ def compare(
     prediction of the first text token to the prediction of the window's last
     token (the last position's prediction has no target and is dropped)."""
     comparison = Comparison()
-    for window in tqdm(windows, desc="attnquant verify windows", unit="window", disable=not progress):
+    for window in tqdm(windows, desc="attnquant verify", unit="window", disable=not progress):
         targets = torch.tensor(window[1:])
         comparison.add(reference(window)[:-1], candidate(window)[:-1], targets)
     return comparison.report()
@@ -208,16 +209,18 @@ def describe_weights(config: AttnQuantConfig) -> str:
 
 
 @contextmanager
-def _environ(env: Mapping[str, str]) -> Iterator[None]:
-    """Runs the block with ``os.environ`` replaced by ``env``: our MAX
-    architecture reads its configuration from the environment at load."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
+def _attnquant_environ(env: Mapping[str, str]) -> Iterator[None]:
+    """Runs the block with exactly ``env``'s ATTNQUANT_* variables set (our MAX
+    architecture reads them from the environment at load); others untouched."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith(ENV_PREFIX)}
+    for name in saved:
+        del os.environ[name]
+    os.environ.update({name: value for name, value in env.items() if name.startswith(ENV_PREFIX)})
     try:
         yield
     finally:
-        os.environ.clear()
+        for name in [name for name in os.environ if name.startswith(ENV_PREFIX)]:
+            del os.environ[name]
         os.environ.update(saved)
 
 
@@ -258,7 +261,9 @@ def transformers_source(model_dir: Path, env: Mapping[str, str]) -> LogitSource:
     missing, unexpected = model.load_state_dict(weights, strict=False)
     # lm_head is tied to the embedding, so the checkpoint has none.
     if unexpected or any("lm_head" not in name for name in missing):
-        raise ValueError(f"{model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"{model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
+        )
     model.eval()
 
     @torch.no_grad()
@@ -293,7 +298,7 @@ class MaxSource:
             max_batch_size=1,
             max_length=MAX_WINDOW,
         )
-        with _environ(env):
+        with _attnquant_environ(env):
             _, self._pipeline = PIPELINE_REGISTRY.retrieve(PipelineConfig.from_args(args))
 
     def __call__(self, window: Sequence[int]) -> torch.Tensor:
@@ -301,8 +306,6 @@ class MaxSource:
         from max.pipelines.context import EOSTracker, SamplingParams, TextContext, TokenBuffer
         from max.pipelines.modeling.types import RequestID
 
-        if len(window) >= MAX_WINDOW:
-            raise ValueError(f"--window must be below {MAX_WINDOW} for the MAX path")
         pipeline = self._pipeline
         context = TextContext(
             request_id=RequestID(),
@@ -357,6 +360,8 @@ def text_windows(model_dir: Path, text: Text, *, window: int, tokens: int) -> li
 
 def measure(args: argparse.Namespace, env: Mapping[str, str]) -> Measurement:
     model_dir = _model_dir(args.model_dir)
+    if args.reference == "max" and args.window >= MAX_WINDOW:
+        raise ValueError(f"--window must be below {MAX_WINDOW} with --reference max")
     cand_env = candidate_env(args, env)
     candidate_config = AttnQuantConfig.from_env(cand_env)  # bad values fail before loading
     windows = text_windows(model_dir, load_text(args.text), window=args.window, tokens=args.tokens)

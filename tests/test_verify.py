@@ -9,8 +9,10 @@ shared by the identical-model, perturbed-model and cross-check tests.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from safetensors.torch import save_file
 
 from attnquant import verify
 from attnquant.checkpoint import load_state_dict, safetensors_files
-from attnquant.cli import main
+from attnquant.cli import build_parser, main
 from attnquant.corpus import DEFAULT_TEXT_PATH, default_text, load_text
 from attnquant.demo_model import ensure_demo_model
 
@@ -125,6 +127,32 @@ def test_windows_score_exactly_the_requested_tokens() -> None:
         verify.token_windows(ids, bos=2, window=8, tokens=101)
 
 
+def test_reference_drops_weight_settings_and_flags_override_the_environment() -> None:
+    env = {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_BLOCKS": "6", "ATTNQUANT_CACHE": "0", "X": "1"}
+    assert verify.reference_env(env) == {"ATTNQUANT_CACHE": "0", "X": "1"}
+    args = verify_args("--quant", "none", "--ignore", "mlp", "o_proj", "--scale-search", "mse")
+    candidate = verify.candidate_env(args, env)
+    assert candidate["ATTNQUANT_QUANT"] == "none"
+    assert candidate["ATTNQUANT_QUANT_IGNORE"] == "mlp,o_proj"
+    assert candidate["ATTNQUANT_SCALE_SEARCH"] == "mse"
+    assert candidate["ATTNQUANT_BLOCKS"] == "6"  # not a flag: the environment's stands
+    assert verify.candidate_env(verify_args(), {})["ATTNQUANT_QUANT"] == "nvfp4"
+
+
+def test_attnquant_environ_sets_only_attnquant_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNQUANT_QUANT", "nvfp4")
+    monkeypatch.setenv("ATTNQUANT_RANK", "4")
+    with verify._attnquant_environ({"ATTNQUANT_RANK": "8", "PATH": "/nowhere"}):
+        assert "ATTNQUANT_QUANT" not in os.environ
+        assert os.environ["ATTNQUANT_RANK"] == "8"
+        assert os.environ["PATH"] != "/nowhere"
+    assert os.environ["ATTNQUANT_QUANT"] == "nvfp4" and os.environ["ATTNQUANT_RANK"] == "4"
+
+
+def verify_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["verify", *argv])
+
+
 # ---------------------------------------------------------------------------
 # The text
 # ---------------------------------------------------------------------------
@@ -172,8 +200,8 @@ def test_transformers_perturbed_weights_give_positive_kl(
 
 
 def test_cli_json_has_every_key(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
-    argv = ["verify", str(model_dir), "--reference", "transformers", "--json", "--tokens", "40", "--window", "41"]
-    assert main(argv) == 0
+    argv = ["verify", str(model_dir), "--reference", "transformers", "--json"]
+    assert main([*argv, "--tokens", "40", "--window", "41", "--no-progress"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == JSON_KEYS
     assert report["tokens"] == 40
@@ -182,8 +210,11 @@ def test_cli_json_has_every_key(capsys: pytest.CaptureFixture[str], model_dir: P
 
 
 def test_cli_rejects_bad_values(capsys: pytest.CaptureFixture[str], model_dir: Path) -> None:
-    assert main(["verify", str(model_dir), "--tokens", "10000000", "--reference", "transformers"]) == 2
+    argv = ["verify", str(model_dir), "--reference", "transformers"]
+    assert main([*argv, "--tokens", "10000000"]) == 2
     assert "more than the text has" in capsys.readouterr().err
+    assert main(["verify", str(model_dir), "--window", "2048"]) == 2
+    assert "--window must be below 1024" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
@@ -193,12 +224,12 @@ def test_cli_rejects_bad_values(capsys: pytest.CaptureFixture[str], model_dir: P
 
 @pytest.fixture(scope="module")
 def max_reference(model_dir: Path) -> verify.MaxSource:
-    return verify.MaxSource(model_dir, verify.reference_env({}))
+    return verify.MaxSource(model_dir, verify.reference_env(os.environ))
 
 
 @pytest.mark.max
 def test_max_identical_models_agree_exactly(max_reference, model_dir: Path, windows) -> None:
-    again = verify.MaxSource(model_dir, verify.reference_env({}))
+    again = verify.MaxSource(model_dir, verify.reference_env(os.environ))
     report = verify.compare(max_reference, again, windows)
     assert report.kl_mean == report.kl_p99 == report.max_abs_logit_diff == 0.0
     assert report.top1_agreement == 100.0
@@ -208,7 +239,7 @@ def test_max_identical_models_agree_exactly(max_reference, model_dir: Path, wind
 def test_max_perturbed_weights_give_positive_kl(
     max_reference, perturbed_model_dir: Path, windows
 ) -> None:
-    perturbed = verify.MaxSource(perturbed_model_dir, verify.reference_env({}))
+    perturbed = verify.MaxSource(perturbed_model_dir, verify.reference_env(os.environ))
     report = verify.compare(max_reference, perturbed, windows)
     assert report.kl_mean > 1e-3
 

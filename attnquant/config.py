@@ -112,14 +112,15 @@ SETTINGS: tuple[Setting, ...] = (
         "ATTNQUANT_PRECOMPUTE_OUTSIDE", "precompute_outside", _parse_bool, _constant(True),
         "1", _BOOL,
         "Build W_eff on the host at load time and serve plain (or NVFP4) weights. "
-        "0 (reconstruct in the graph) is not available in this release: loading refuses it.",
+        "0: serve theta and rebuild in the graph (GEMM formulation or generated_linear, "
+        "see ATTNQUANT_GEMM); needs ATTNQUANT_QUANT=none.",
         changes_weights=True,
     ),
     Setting(
         "ATTNQUANT_PRECOMPUTE", "precompute", _parse_bool, _constant(False),
         "0", _BOOL,
-        "With PRECOMPUTE_OUTSIDE=0: fold W_eff once inside the graph. Not available "
-        "in this release: loading refuses 1.",
+        "With PRECOMPUTE_OUTSIDE=0: build W_eff = s*W0 + U*V^T inside the graph on every "
+        "step, then one matmul (refused with PRECOMPUTE_OUTSIDE=1).",
     ),
     Setting(
         "ATTNQUANT_QUANT", "quant", _parse_choice("none", "nvfp4"), _constant("none"),
@@ -144,8 +145,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
-        "In-graph reconstruction path (1 = GEMM formulation, 0 = generated_linear "
-        "kernel). Reserved: in-graph reconstruction is not in this release.",
+        "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
+        "0 = generated_linear Mojo op (rank <= 64); auto: GEMM on CPU and NVIDIA/AMD "
+        "GPUs, generated_linear on Metal. Logged once at load with the reason.",
     ),
     Setting(
         "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),
@@ -155,7 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_FUSED_MLP", "fused_mlp", _parse_bool, _constant(True),
         "1", _BOOL,
-        "Reserved for the generated_linear fused-MLP kernel (not in this release).",
+        "On the generated_linear path: gate, up, the activation and down as one "
+        "generated_mlp dispatch.",
     ),
     Setting(
         "ATTNQUANT_CACHE", "cache", _parse_bool, _constant(True),

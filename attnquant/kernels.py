@@ -344,6 +344,11 @@ def _gemv_or_dequant_matmul(
     weight_dtype: DType,
 ) -> Tensor:
     """The GEMV op for decode-sized M; for prefill, decode W once and use MAX's matmul."""
+    # A ModuleV3 weight enters the graph where it is first used. Inside one
+    # branch of F.cond that value would not dominate the other branch, so
+    # bring each weight into the enclosing block first (a same-shape reshape
+    # is a view).
+    weights = [F.reshape(w, list(w.shape)) for w in weights]
 
     def gemv() -> Tensor:
         return _custom(gemv_op, x, weights, config.n)

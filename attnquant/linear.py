@@ -14,6 +14,7 @@ from max.experimental.tensor import Tensor
 
 from attnquant import kernels
 from attnquant.runtime_layout import PartPlan
+from attnquant.theta_linear import build_theta_part
 
 
 class DenseProjection(Module[[Tensor], Tensor]):
@@ -67,6 +68,8 @@ class ProjectionGroup(ModuleList[Module[[Tensor], Tensor]]):
 
 
 def build_part(part: PartPlan) -> Module[[Tensor], Tensor]:
+    if part.kind == "theta":
+        return build_theta_part(part)
     return NVFP4Projection(part) if part.kind == "nvfp4" else DenseProjection(part)
 
 

@@ -26,8 +26,10 @@ from attnquant.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
 from attnquant.projections import find_projections
 from attnquant.reconstruct import precompute_outside
-from attnquant.runtime_layout import ProjectionPlan, kind_of, part_name, to_runtime_layout
-from attnquant.theta import band_size
+from attnquant.reconstruction_path import GENERATED_MLP, PathChoice, ReconstructionPath, choose_path
+from attnquant.runtime_layout import ProjectionPlan, part_name, to_runtime_layout
+from attnquant.theta import band_size, build_theta
+
 
 # A child of MAX's logger, so the line shows in `max serve`/`generate` output.
 logger = logging.getLogger("max.pipelines.attnquant")
@@ -59,15 +61,12 @@ def to_torch(value: Any) -> torch.Tensor:
     return torch.from_dlpack(getattr(value, "data", value))
 
 
-def check_config(config: AttnQuantConfig, num_layers: int) -> None:
-    """Errors that must surface before MAX spends minutes compiling."""
-    if not config.precompute_outside or config.precompute:
-        raise ValueError(
-            "in-graph reconstruction (ATTNQUANT_PRECOMPUTE_OUTSIDE=0 or "
-            "ATTNQUANT_PRECOMPUTE=1) is not available in this release; unset both "
-            "to serve the precomputed effective weights"
-        )
-    band_size(num_layers, config.blocks or num_layers)
+def check_config(config: AttnQuantConfig, num_layers: int, device_api: str = "cpu") -> PathChoice:
+    """The serving path, or the errors that must surface before MAX spends
+    minutes compiling."""
+    blocks = config.blocks or num_layers
+    band_size(num_layers, blocks)
+    return choose_path(config, device_api, residual=blocks < num_layers and config.rank > 0)
 
 
 def needs_precompute(config: AttnQuantConfig, num_layers: int) -> bool:
@@ -85,15 +84,67 @@ def prepare_weights(
     device: Device,
 ) -> PreparedWeights:
     """The run-time state dict and projection plan for one model load."""
-    check_config(config, num_layers)
+    choice = check_config(config, num_layers, str(device.api))
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     start = time.monotonic()
-    served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
-    runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
-    plan = lay_out_for_kernels(runtime, plan, dtype, device)
-    summary = _summary(tensors, served, config, num_layers, hit, time.monotonic() - start)
+    if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
+        served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
+        runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
+        plan = lay_out_for_kernels(runtime, plan, dtype, device)
+    else:
+        served, hit = theta_tensors(tensors, config, num_layers), False
+        # generated_linear is one dispatch per projection: nothing to fuse.
+        generated = choice.path is ReconstructionPath.GENERATED
+        runtime, plan = to_runtime_layout(
+            served, fuse=config.qkv_fuse and not generated, dtype=torch_dtype(dtype),
+            theta_factor_dtype=torch.float32 if generated else None,
+        )  # fmt: skip
+        plan = assign_reconstruction(plan, choice.path, fused_mlp=config.fused_mlp)
+    summary = _summary(
+        tensors, served, plan, config, num_layers, hit, time.monotonic() - start, choice
+    )
     logger.info(summary)
     return PreparedWeights(runtime, plan, summary, hit)
+
+
+def theta_tensors(
+    tensors: Mapping[str, torch.Tensor], config: AttnQuantConfig, num_layers: int
+) -> dict[str, torch.Tensor]:
+    """The checkpoint with each projection's ``weight`` replaced by its theta:
+    ``w0`` (the band's shared block: the same tensor object in every layer of
+    the band), ``scale`` and, with a residual, ``u``/``v``."""
+    keys = find_projections(tensors)
+    names = {key.weight_name for key in keys}
+    logger.info("attnquant: building theta (%s)", config.describe())
+    theta = build_theta(
+        {key: tensors[key.weight_name] for key in keys},
+        blocks=config.blocks, rank=config.rank, num_layers=num_layers, progress=True,
+    )  # fmt: skip
+    served = {name: t for name, t in tensors.items() if name not in names}
+    for key in keys:
+        layer = theta.layers[(key.family, key.layer)]
+        module = key.module_name
+        served[f"{module}.w0"] = theta.shared[layer.group]
+        served[f"{module}.scale"] = layer.scale
+        if layer.rank:
+            served[f"{module}.u"], served[f"{module}.v"] = layer.u, layer.v
+    return served
+
+
+def assign_reconstruction(
+    plan: ProjectionPlan, path: ReconstructionPath, *, fused_mlp: bool
+) -> ProjectionPlan:
+    """Records the in-graph path on every theta part (``generated-mlp`` marks
+    MLP parts that one fused ``generated_mlp`` dispatch serves)."""
+    assigned: ProjectionPlan = {}
+    for group, parts in plan.items():
+        value = path.value
+        if path is ReconstructionPath.GENERATED and fused_mlp and group.endswith(("mlp.gate_up_proj", "mlp.down_proj")):
+            value = GENERATED_MLP
+        assigned[group] = tuple(
+            dataclasses.replace(p, reconstruction=value) if p.kind == "theta" else p for p in parts
+        )
+    return assigned
 
 
 def lay_out_for_kernels(
@@ -152,24 +203,30 @@ def _served_tensors(
 def _summary(
     before: Mapping[str, torch.Tensor],
     served: Mapping[str, torch.Tensor],
+    plan: ProjectionPlan,
     config: AttnQuantConfig,
     num_layers: int,
     hit: bool,
     seconds: float,
+    choice: PathChoice,
 ) -> str:
-    modules = [key.module_name for key in find_projections(before)]
-    quantized = sum(kind_of(served, m) == "nvfp4" for m in modules)
-    bytes_before = sum(_nbytes(before[f"{m}.weight"]) for m in modules)
-    module_set = set(modules)
-    bytes_after = sum(
-        _nbytes(t) for name, t in served.items() if name.rsplit(".", 1)[0] in module_set
-    )
+    """One line: path and why, theta, NVFP4 coverage, projection bytes, cache.
+
+    Bytes are counted as prepared, before the cast to the model dtype (so a
+    float32 CPU run reports checkpoint-dtype bytes); a tensor aliased by
+    several layers (a band's shared W0) counts once."""
+    keys = find_projections(before)
+    modules = {key.module_name for key in keys}
+    bytes_before = sum(_nbytes(before[key.weight_name]) for key in keys)
+    quantized = sum(len(p.members) for parts in plan.values() for p in parts if p.kind == "nvfp4")
+    unique = {id(t): t for name, t in served.items() if name.rsplit(".", 1)[0] in modules}
+    bytes_after = sum(_nbytes(t) for t in unique.values())
     blocks = config.blocks or num_layers
     theta = "passthrough" if blocks == num_layers else f"R={config.rank}"
     source = "quantized-weight cache hit" if hit else f"prepared in {seconds:.1f}s"
     return (
-        f"{SUMMARY_PREFIX} path=precompute-outside theta G={blocks}/{num_layers} ({theta}) "
-        f"quant={config.quant}; NVFP4 {quantized}/{len(modules)} projections; projection "
+        f"{SUMMARY_PREFIX} path={choice} theta G={blocks}/{num_layers} ({theta}) "
+        f"quant={config.quant}; NVFP4 {quantized}/{len(keys)} projections; projection "
         f"bytes {bytes_before / 2**20:.1f} MiB -> {bytes_after / 2**20:.1f} MiB "
         f"({bytes_before / max(bytes_after, 1):.2f}x); {source}"
     )

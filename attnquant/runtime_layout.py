@@ -14,10 +14,21 @@ name itself (``qkv_proj.weight``); one with several under ``qkv_proj.0.``,
 NVFP4 parts carry their decode scale as ``weight_scale_2``: a ``[1]`` tensor
 for a single projection, and a per-output-row ``[N]`` vector for a fused part,
 because each member keeps the global scale it was quantized with.
+
+Theta parts (in-graph reconstruction, ``ATTNQUANT_PRECOMPUTE_OUTSIDE=0``)
+arrive as ``w0`` (the band's shared block), ``scale`` and, when the layer has
+a residual, ``u``/``v`` per projection. Fused, they become ``w0`` = the
+members' blocks stacked by rows, ``scale`` concatenated, ``v`` concatenated by
+columns and ``u`` block-diagonal, so ``s*(x W0^T) + (x V) U^T`` is one
+computation for the group. Layers that share the same blocks get the *same*
+fused ``w0`` tensor object, and the part records which part first owned it
+(``PartPlan.shared_with``): the graph modules alias it, so MAX holds one copy
+per band, which is the point of serving theta instead of W_eff.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -35,7 +46,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 _BLOCK_RE = re.compile(r"^(?P<block>.*layers\.\d+\.(?:self_attn|mlp))\.")
 
-Kind = Literal["dense", "nvfp4"]
+Kind = Literal["dense", "nvfp4", "theta"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,12 @@ class PartPlan:
     in_dim: int
     layout: str = "modelopt"
     """NVFP4 byte layout the chosen kernel reads (``attnquant.kernels.WeightLayout``)."""
+    rank: int = 0
+    """Theta parts: the residual width (sum of the members' ranks; 0: none)."""
+    shared_with: str = ""
+    """Theta parts: the part whose ``w0`` this part's ``w0`` is (itself if first)."""
+    reconstruction: str = ""
+    """Theta parts: the in-graph path (``attnquant.reconstruction_path.ReconstructionPath`` value)."""
 
     @property
     def out_dim(self) -> int:
@@ -59,10 +76,14 @@ ProjectionPlan = dict[str, tuple[PartPlan, ...]]
 
 
 def kind_of(state_dict: Mapping[str, torch.Tensor], module: str) -> Kind:
+    if f"{module}.w0" in state_dict:
+        return "theta"
     return "nvfp4" if f"{module}.weight_scale" in state_dict else "dense"
 
 
 def _out_in(state_dict: Mapping[str, torch.Tensor], module: str) -> tuple[int, int]:
+    if kind_of(state_dict, module) == "theta":
+        return tuple(state_dict[f"{module}.w0"].shape)  # type: ignore[return-value]
     rows, cols = state_dict[f"{module}.weight"].shape
     # A packed NVFP4 row holds two values per byte.
     return rows, cols * (2 if kind_of(state_dict, module) == "nvfp4" else 1)
@@ -78,7 +99,7 @@ def plan_group(
     runs: list[list[str]] = []
     for member in members:
         module = f"{block}.{member}"
-        if f"{module}.weight" not in state_dict:
+        if kind_of(state_dict, module) == "dense" and f"{module}.weight" not in state_dict:
             continue  # e.g. Gemma 4 layers where k and v share one projection
         same_kind = runs and kind_of(state_dict, f"{block}.{runs[-1][-1]}") == kind_of(
             state_dict, module
@@ -99,9 +120,15 @@ def plan_group(
                 members=tuple(run),
                 out_dims=tuple(n for n, _ in shapes),
                 in_dim=in_dims.pop(),
+                rank=sum(_rank(state_dict, f"{block}.{m}") for m in run),
             )
         )
     return tuple(parts)
+
+
+def _rank(state_dict: Mapping[str, torch.Tensor], module: str) -> int:
+    u = state_dict.get(f"{module}.u")
+    return 0 if u is None else u.shape[1]
 
 
 def _fuse_dense(sd: MutableMapping[str, torch.Tensor], modules: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -127,18 +154,65 @@ def _fuse_nvfp4(sd: MutableMapping[str, torch.Tensor], modules: list[str]) -> di
     }
 
 
+class _SharedBlocks:
+    """Fused ``w0`` per distinct tuple of member blocks, so aliases stay aliases."""
+
+    def __init__(self) -> None:
+        self._fused: dict[tuple[int, ...], tuple[torch.Tensor, str]] = {}
+
+    def fuse(self, blocks: list[torch.Tensor], dtype: torch.dtype, owner: str) -> tuple[torch.Tensor, str]:
+        key = tuple(id(b) for b in blocks)
+        if key not in self._fused:
+            self._fused[key] = (torch.cat(blocks).to(dtype), owner)
+        return self._fused[key]
+
+
+def _fuse_theta(
+    sd: MutableMapping[str, torch.Tensor],
+    modules: list[str],
+    dtype: torch.dtype,
+    factor_dtype: torch.dtype,
+    shared: _SharedBlocks,
+    name: str,
+) -> tuple[dict[str, torch.Tensor], str]:
+    """Stacks theta members; returns the tensors and the owner of their ``w0``."""
+    w0, owner = shared.fuse([sd.pop(f"{m}.w0") for m in modules], dtype, name)
+    scales = [sd.pop(f"{m}.scale") for m in modules]
+    tensors = {"w0": w0, "scale": torch.cat(scales).to(factor_dtype)}
+    us = [sd.pop(f"{m}.u", None) for m in modules]
+    vs = [sd.pop(f"{m}.v", None) for m in modules]
+    if any(u is not None for u in us):
+        k = w0.shape[1]
+        # A member without a residual is a zero-width block.
+        us = [torch.zeros(s.shape[0], 0) if u is None else u for u, s in zip(us, scales, strict=True)]
+        vs = [torch.zeros(k, 0) if v is None else v for v in vs]
+        tensors["u"] = torch.block_diag(*us).to(factor_dtype)
+        tensors["v"] = torch.cat(vs, dim=1).to(factor_dtype)
+    return tensors, owner
+
+
 def part_name(group: str, index: int, num_parts: int) -> str:
     """Where a part's tensors live: the group's own name when it is the only part."""
     return group if num_parts == 1 else f"{group}.{index}"
 
 
 def to_runtime_layout(
-    state_dict: Mapping[str, torch.Tensor], *, fuse: bool, dtype: torch.dtype
+    state_dict: Mapping[str, torch.Tensor],
+    *,
+    fuse: bool,
+    dtype: torch.dtype,
+    theta_factor_dtype: torch.dtype | None = None,
 ) -> tuple[dict[str, torch.Tensor], ProjectionPlan]:
-    """Fuses projection groups; casts dense floating tensors to ``dtype``."""
+    """Fuses projection groups; casts dense floating tensors to ``dtype``.
+
+    Theta ``scale``/``u``/``v`` go to ``theta_factor_dtype`` (default
+    ``dtype``: the GEMM formulation computes in the input dtype; the
+    generated_linear kernel takes them in float32)."""
+    factor_dtype = dtype if theta_factor_dtype is None else theta_factor_dtype
     sd = dict(state_dict)
     blocks = sorted({m.group("block") for k in sd if (m := _BLOCK_RE.match(k))})
     plan: ProjectionPlan = {}
+    shared = _SharedBlocks()
     for block in blocks:
         for block_kind, group, members in GROUPS:
             if not block.endswith(block_kind):
@@ -146,17 +220,25 @@ def to_runtime_layout(
             parts = plan_group(sd, block, members, fuse)
             if not parts:
                 continue
-            plan[f"{block}.{group}"] = parts
+            new_parts = []
             for i, part in enumerate(parts):
                 modules = [f"{block}.{m}" for m in part.members]
-                tensors = (
-                    _fuse_nvfp4(sd, modules)
-                    if part.kind == "nvfp4"
-                    else _fuse_dense(sd, modules, dtype)
-                )
                 name = part_name(f"{block}.{group}", i, len(parts))
+                if part.kind == "theta":
+                    tensors, owner = _fuse_theta(sd, modules, dtype, factor_dtype, shared, name)
+                    part = dataclasses.replace(part, shared_with=owner)
+                elif part.kind == "nvfp4":
+                    tensors = _fuse_nvfp4(sd, modules)
+                else:
+                    tensors = _fuse_dense(sd, modules, dtype)
                 sd.update({f"{name}.{k}": v for k, v in tensors.items()})
+                new_parts.append(part)
+            plan[f"{block}.{group}"] = tuple(new_parts)
+    cast: dict[int, torch.Tensor] = {}  # one cast per tensor object: aliases stay aliases
+    keep = ("weight_scale_2",) if factor_dtype == dtype else ("weight_scale_2", ".scale", ".u", ".v")
     for key, value in sd.items():
-        if value.is_floating_point() and value.dtype != dtype and not key.endswith("weight_scale_2"):
-            sd[key] = value.to(dtype)
+        if value.is_floating_point() and value.dtype != dtype and not key.endswith(keep):
+            if id(value) not in cast:
+                cast[id(value)] = value.to(dtype)
+            sd[key] = cast[id(value)]
     return sd, plan

@@ -1,10 +1,8 @@
 """A random-weight Gemma 3 checkpoint at a real geometry, with a synthetic tokenizer.
 
 ``python bench/make_random_gemma3.py OUT_DIR [--geometry 1b]`` writes
-config.json, model.safetensors (bf16, N(0, 0.02)) and a word-level tokenizer
-whose pieces start with "▁" (``max benchmark --dataset-name random`` decodes
-random ids and needs such a piece) and which has a chat template (the chat
-endpoint needs one). For benchmarks only: the text it produces is noise.
+config.json, bf16 N(0, 0.02) weights and a word-level tokenizer with a chat
+template (``bench/random_checkpoint.py``). For benchmarks only.
 """
 
 from __future__ import annotations
@@ -14,7 +12,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from random_checkpoint import GEMMA_ROLES, write_random_weights, write_word_tokenizer
 
 GEOMETRIES = {
     # google/gemma-3-1b-it's text geometry.
@@ -23,6 +22,7 @@ GEOMETRIES = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
     ),
 }  # fmt: skip
+SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
     "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
@@ -46,41 +46,15 @@ def write_config(out: Path, geometry: dict) -> dict:
     return json.loads((out / "config.json").read_text())
 
 
-def write_weights(out: Path, geometry: dict, device: str) -> None:
+def write_weights(out: Path, device: str) -> int:
     from transformers import AutoConfig, Gemma3ForCausalLM
 
     config = AutoConfig.from_pretrained(out)
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in Gemma3ForCausalLM(config).state_dict().items()}
-    generator = torch.Generator(device=device).manual_seed(0)
-    tensors = {}
-    for name, shape in shapes.items():
-        if name == "lm_head.weight":
-            continue  # tied to the embedding
-        if name.endswith("norm.weight"):
-            tensors[name] = torch.zeros(shape, dtype=torch.bfloat16)  # Gemma norms scale by 1 + w
-            continue
-        w = torch.randn(shape, generator=generator, device=device, dtype=torch.float32) * 0.02
-        tensors[name] = w.to(torch.bfloat16).cpu()
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-
-
-def write_tokenizer(out: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab |= {f"▁w{i}": i for i in range(len(specials), vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",
-        pad_token="<pad>", unk_token="<unk>", additional_special_tokens=specials[4:],
-    )  # fmt: skip
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(out)
+    shapes.pop("lm_head.weight")  # tied to the embedding
+    # Gemma 3 norms scale by (1 + w): zeros are the identity.
+    return write_random_weights(out, shapes, device, lambda n: 0.0 if n.endswith("norm.weight") else None)
 
 
 def main() -> None:
@@ -92,8 +66,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     geometry = GEOMETRIES[args.geometry]
     write_config(args.out, geometry)
-    write_weights(args.out, geometry, args.device)
-    write_tokenizer(args.out, geometry["vocab_size"])
+    write_weights(args.out, args.device)
+    write_word_tokenizer(
+        args.out, geometry["vocab_size"], SPECIALS, CHAT_TEMPLATE,
+        GEMMA_ROLES,
+    )  # fmt: skip
     print(f"wrote random Gemma 3 {args.geometry} to {args.out}")
 
 

@@ -1,16 +1,25 @@
 """The canonical decode harness: ``max serve`` + ``max benchmark`` at concurrency 1.
 
-``python bench/serve_benchmark.py --model DIR --cells VARIANT:on|off ...
---trials N --out results.jsonl`` starts one server per cell (all compile at
-once), then, one server at a time, runs N trials of ``max benchmark``
-(``/v1/chat/completions``, random 128 in / 128 out, 8 prompts, temperature
-0), appends one JSON line per trial and prints a table. Capture is pinned
-explicitly on every cell. It also compares each cell's greedy 48-token text.
+``python bench/serve_benchmark.py --model DIR --cells CELL ... --sessions 2
+--trials 3 --out results.jsonl`` runs, for each server session, one server per
+cell (all start and compile at once), then one server at a time, ``--trials``
+runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
+``--num-prompts`` prompts, temperature 0); it appends one JSON line per trial,
+stops every server, and starts the next session. It prints a table of the
+median output tok/s and median TPOT over every trial of a cell, and compares
+each cell's greedy 48-token completion with the first cell's.
+
+A cell is ``VARIANT:on|off[+ENV=VALUE...]``: the capture flag is always passed
+explicitly (``--device-graph-capture`` / ``--no-device-graph-capture``), and
+``+ENV=VALUE`` items add environment variables (e.g.
+``attnquant-bf16:off+ATTNQUANT_BLOCKS=13``). A cell whose server fails to
+start is reported with the tail of its log; the others go on.
 
 Variants:
-  builtin-bf16      MAX's own Gemma3ForCausalLM (graph API), bf16
-  attnquant-bf16    ours, passthrough weights, bf16
-  attnquant-nvfp4   ours, every projection NVFP4
+  builtin-bf16          MAX's own architecture for the checkpoint, bf16
+  attnquant-bf16        ours, passthrough weights, bf16
+  attnquant-nvfp4       ours, every projection NVFP4
+  attnquant-nvfp4-mlp   ours, NVFP4 except attention (ATTNQUANT_QUANT_IGNORE=self_attn)
 """
 
 from __future__ import annotations
@@ -18,73 +27,88 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_CLI = "import sys; from max._entrypoints.pipelines import main; sys.argv[0] = 'max'; sys.exit(main())"
-VARIANTS = {
+OURS = [sys.executable, str(REPO / "run_max.py")]
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "builtin-bf16": ([sys.executable, "-c", MAX_CLI], {}),
-    "attnquant-bf16": ([sys.executable, str(REPO / "run_max.py")], {"ATTNQUANT_QUANT": "none"}),
-    "attnquant-nvfp4": ([sys.executable, str(REPO / "run_max.py")], {"ATTNQUANT_QUANT": "nvfp4"}),
+    "attnquant-bf16": (OURS, {"ATTNQUANT_QUANT": "none"}),
+    "attnquant-nvfp4": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
+    "attnquant-nvfp4-mlp": (OURS, {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"}),
 }
+LOAD_LINE = re.compile(r"attnquant load: .*")
 
 
-def launch(
-    variant: str, model: Path, port: int, capture: bool, log: Path, memory_fraction: float
-) -> subprocess.Popen:
-    command, env = VARIANTS[variant]
+@dataclass
+class Cell:
+    spec: str
+    variant: str
+    capture: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> Cell:
+        head, *extra = spec.split("+")
+        variant, _, capture = head.partition(":")
+        if variant not in VARIANTS or capture not in ("on", "off"):
+            raise SystemExit(f"bad cell {spec!r}: want VARIANT:on|off[+ENV=VALUE...], VARIANT in {sorted(VARIANTS)}")
+        env = dict(item.split("=", 1) for item in extra)
+        return cls(spec, variant, capture == "on", env)
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
+
+
+def launch(cell: Cell, model: Path, port: int, log: Path, memory_fraction: float) -> subprocess.Popen:
+    command, env = VARIANTS[cell.variant]
     args = [
         *command, "serve", "--model-path", str(model), "--port", str(port),
         "--max-length", "2048", "--max-batch-size", "8", "--enable-in-flight-batching",
         "--device-memory-utilization", str(memory_fraction),
-        "--device-graph-capture" if capture else "--no-device-graph-capture",
+        "--device-graph-capture" if cell.capture else "--no-device-graph-capture",
     ]  # fmt: skip
     return subprocess.Popen(
-        args, env={**os.environ, **env}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True,
+        args, env={**os.environ, **env, **cell.env}, stdout=log.open("ab"),
+        stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 
 
-def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
         if process.poll() is not None:
-            raise RuntimeError(f"server on {port} exited:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"server exited ({process.returncode}):\n{log.read_text()[-2500:]}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return
+            return time.monotonic() - start
         except OSError:
             time.sleep(2)
-    raise TimeoutError(f"server on {port} not ready in {timeout_s}s")
+    raise TimeoutError(f"not ready in {timeout_s:.0f}s:\n{log.read_text()[-2500:]}")
 
 
-def run_trial(model: Path, port: int, result: Path) -> dict:
+def run_trial(model: Path, port: int, result: Path, num_prompts: int) -> dict:
     args = [
         sys.executable, "-c", MAX_CLI, "benchmark", "--model", str(model),
         "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
         "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", "1",
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
-        "--num-prompts", "8", "--temperature", "0", "--result-filename", str(result),
+        "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
     ]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"max benchmark failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"max benchmark failed ({done.returncode}):\n{done.stderr[-2500:]}")
     return json.loads(result.read_text())
-
-
-def _stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
 
 
 def greedy_text(port: int, model: Path, prompt: str, tokens: int) -> str:
@@ -96,64 +120,103 @@ def greedy_text(port: int, model: Path, prompt: str, tokens: int) -> str:
     return json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]["text"]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
-    parser.add_argument("--model", type=Path, required=True)
-    parser.add_argument(
-        "--cells", nargs="+", required=True,
-        help="VARIANT:on|off (capture) for each server, e.g. builtin-bf16:off attnquant-nvfp4:on",
-    )  # fmt: skip
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--memory-fraction", type=float, default=0.18)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows: list[dict]) -> dict[str, str]:
+    """One server per cell; returns each started cell's greedy text."""
     logs = args.out.parent
-    cells = [tuple(c.split(":")) for c in args.cells]
-    # All servers compile at once (many host cores), then are measured one at a time.
-    servers: dict[tuple[str, str], tuple[subprocess.Popen, int]] = {}
+    servers: dict[str, tuple[subprocess.Popen, int, Path]] = {}
+    texts: dict[str, str] = {}
     try:
-        for i, (variant, capture) in enumerate(cells):
-            port = 8100 + i
-            log = logs / f"serve-{variant}-{capture}.log"
-            servers[(variant, capture)] = (
-                launch(variant, args.model, port, capture == "on", log, args.memory_fraction),
-                port,
-            )
-        for (variant, capture), (server, port) in servers.items():
-            wait_ready(server, port, logs / f"serve-{variant}-{capture}.log")
-            print(f"ready: {variant} capture={capture}", flush=True)
-        texts = {cell: greedy_text(port, args.model, "w7 w8 w9", 48) for cell, (_, port) in servers.items()}
-        rows = []
-        for (variant, capture), (_, port) in servers.items():
+        for i, cell in enumerate(cells):
+            log = logs / f"serve-{cell.slug}.log"
+            port = args.port_base + i
+            servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction), port, log)
+        for cell in cells:
+            server, port, log = servers[cell.spec]
+            try:
+                ready_s = wait_ready(server, port, log, args.ready_timeout)
+            except (RuntimeError, TimeoutError) as error:
+                print(f"FAILED to start {cell.spec} (session {session}): {error}", flush=True)
+                continue
+            load = LOAD_LINE.findall(log.read_text(errors="replace"))
+            print(f"ready: {cell.spec} session {session} ({ready_s:.0f}s) {load[-1] if load else ''}", flush=True)
+            texts[cell.spec] = greedy_text(port, args.model, "w100 w200 w300", 48)
+        for cell in cells:
+            if cell.spec not in texts:
+                continue
+            _, port, _ = servers[cell.spec]
             for trial in range(args.trials):
-                r = run_trial(args.model, port, logs / f"bench-{variant}-{capture}-{trial}.json")
+                try:
+                    r = run_trial(args.model, port, logs / f"bench-{cell.slug}-{session}-{trial}.json", args.num_prompts)
+                except RuntimeError as error:
+                    print(f"FAILED trial {cell.spec} session {session}: {error}", flush=True)
+                    break
                 row = {
-                    "variant": variant, "capture": capture, "trial": trial,
-                    "output_tok_s": r.get("output_throughput"), "mean_tpot_ms": r.get("mean_tpot_ms"),
+                    "cell": cell.spec, "session": session, "trial": trial,
+                    # At concurrency 1: generated tokens over the trial's wall time.
+                    "output_tok_s": r["total_output_tokens"] / r["duration"],
+                    "mean_tpot_ms": r.get("mean_tpot_ms"),
                     "mean_ttft_ms": r.get("mean_ttft_ms"),
                 }  # fmt: skip
                 rows.append(row)
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-            print(summary(rows, variant, capture), flush=True)
+            print(summary(rows, cell.spec), flush=True)
     finally:
-        for server, _ in servers.values():
-            _stop(server)
-    print("\n| variant | capture | trials | median tok/s | median TPOT ms |\n|---|---|---|---|---|")
-    for variant, capture in servers:
-        print(summary(rows, variant, capture, markdown=True))
-    same = {f"{v}:{c}": t == texts[cells[0]] for (v, c), t in texts.items()}
-    print(f"greedy 48-token text identical to {cells[0]}: {same}")
-    (logs / "greedy_texts.json").write_text(json.dumps({f"{v}:{c}": t for (v, c), t in texts.items()}))
+        for server, _, _ in servers.values():
+            stop(server)
+    return texts
 
 
-def summary(rows: list[dict], variant: str, capture: str, markdown: bool = False) -> str:
-    cell = [r for r in rows if r["variant"] == variant and r["capture"] == capture]
-    tok_s = statistics.median(r["output_tok_s"] for r in cell)
+def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
+    cell = [r for r in rows if r["cell"] == spec]
+    if not cell:
+        return f"| {spec} | 0 | - | - | - |" if markdown else f"{spec}: no trials"
+    tok_s = [r["output_tok_s"] for r in cell]
     tpot = statistics.median(r["mean_tpot_ms"] for r in cell)
+    sessions = len({r["session"] for r in cell})
     if markdown:
-        return f"| {variant} | {capture} | {len(cell)} | {tok_s:.1f} | {tpot:.2f} |"
-    return f"{variant} capture={capture}: median {tok_s:.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
+        return (
+            f"| {spec} | {len(cell)} ({sessions} sessions) | {statistics.median(tok_s):.1f} "
+            f"| {min(tok_s):.1f}–{max(tok_s):.1f} | {tpot:.2f} |"
+        )
+    return f"{spec}: median {statistics.median(tok_s):.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--cells", nargs="+", required=True, help="VARIANT:on|off[+ENV=VALUE...]")
+    parser.add_argument("--sessions", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=3, help="per cell per session")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--memory-fraction", type=float, default=0.18)
+    parser.add_argument("--port-base", type=int, default=8100)
+    parser.add_argument("--ready-timeout", type=float, default=1200)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    cells = [Cell.parse(spec) for spec in args.cells]
+    rows: list[dict] = []
+    texts: dict[str, list[str]] = {}
+    for session in range(args.sessions):
+        for spec, text in run_session(session, cells, args, rows).items():
+            texts.setdefault(spec, []).append(text)
+    print("\n| cell | trials | median tok/s | range tok/s | median TPOT ms |\n|---|---|---|---|---|")
+    for cell in cells:
+        print(summary(rows, cell.spec, markdown=True))
+    first = texts.get(cells[0].spec, [None])[0]
+    for spec, seen in texts.items():
+        print(f"greedy text {spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}")
+    (args.out.parent / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
 
 
 if __name__ == "__main__":

@@ -265,3 +265,52 @@ def test_gpu_ops_compile_for_sm90(tmp_path: Path) -> None:
     assert any("ld.global.nc.L1::no_allocate.v4.u32" in t for t in ptx)
     assert any("cp.async.cg.shared.global" in t for t in ptx)
     assert not any("local_depot" in t for t in ptx), "a kernel spills to local memory"
+
+
+# ---------------------------------------------------------------------------
+# The M dispatch (F.cond) with weights a module owns, as the model uses it
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.max
+def test_m_dispatch_with_module_weights() -> None:
+    """``_gemv_or_dequant_matmul`` as the mojo-sm90 backend calls it, with the
+    CPU ops in its place: symbolic M, weights that are module parameters.
+
+    A ModuleV3 weight enters the graph where it is first used; when that was
+    inside one branch of ``F.cond``, the graph failed to build on the H200
+    ("operand #0 does not dominate this use"). Both branches run here: M=3
+    takes the GEMV op, M=40 decodes W and uses MAX's matmul."""
+    from max.driver import CPU
+    from max.dtype import DType
+    from max.experimental.nn import Module
+    from max.experimental.tensor import Tensor, default_device
+    from max.graph import DeviceRef, TensorType
+
+    n, k = 24, 64
+    config = K.NVFP4LinearConfig(n, k, DType.float32, "cpu", "")
+
+    class Dispatched(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = Tensor.zeros([n, k // 2], dtype=DType.uint8)
+            self.weight_scale = Tensor.zeros([n, k // 16], dtype=DType.uint8)
+            self.weight_scale_2 = Tensor.zeros([1], dtype=DType.float32)
+
+        def forward(self, x):
+            return K._gemv_or_dequant_matmul(
+                x, [self.weight, self.weight_scale, self.weight_scale_2], config,
+                gemv_op="attnquant.nvfp4_matmul", dequant_op="attnquant.nvfp4_dequant",
+                weight_dtype=DType.float32,
+            )  # fmt: skip
+
+    packed, scale_bits = random_nvfp4(n, k)
+    weights = {"weight": packed, "weight_scale": scale_bits, "weight_scale_2": torch.tensor([0.5])}
+    with default_device(CPU()):
+        module = Dispatched()
+    run = module.compile(TensorType(DType.float32, ["m", k], DeviceRef.CPU()), weights=weights)
+    w = reference_weight(packed, scale_bits, 0.5)
+    for m in (3, 40):  # GEMV_MAX_M = 16 sits between them
+        x = torch.randn(m, k)
+        y = torch.from_dlpack(run(Tensor.from_dlpack(x))).double()
+        assert rel_err(y, x.double() @ w.T) < 1e-5, f"M={m}"

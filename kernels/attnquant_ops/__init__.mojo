@@ -4,6 +4,8 @@
 #   attnquant.nvfp4_dequant       ModelOpt layout -> dense W[N, K], CPU + GPU
 #   attnquant.nvfp4_gemv_sm90     prepared layout, bf16, NVIDIA sm_80+ tensor cores
 #   attnquant.nvfp4_dequant_sm90  prepared layout -> bf16 W[N, K] (large-M route)
+#   attnquant.generated_linear    y = s * (x @ W0.T) + (x @ v) @ u.T, CPU + GPU
+#   attnquant.generated_mlp       down(gelu_tanh(gate(x)) * up(x)), each a theta
 #
 # Python wrappers and the backend chooser live in attnquant/kernels.py; the
 # prepared layout is produced there by prepare_weights().
@@ -12,6 +14,13 @@ import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
 
+from .generated_linear import (
+    check_theta,
+    generated_linear_cpu,
+    generated_linear_gpu,
+    generated_mlp_cpu,
+    generated_mlp_gpu,
+)
 from .nvfp4_matmul import (
     nvfp4_dequant_cpu,
     nvfp4_dequant_generic_gpu,
@@ -221,3 +230,113 @@ struct NVFP4DequantSM90:
                 codes.dim_size(1) // 32,
                 ctx,
             )
+
+
+@extensibility.register("attnquant.generated_linear")
+struct GeneratedLinear:
+    """y[M, N] = s * (x @ W0.T) + (x @ v) @ u.T in float32, output in x's dtype.
+
+    x [M, K] and W0 [N, K] in the model dtype; s [N], u [N, r], v [K, r]
+    float32; 0 <= r <= 64 (see generated_linear.mojo)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString
+    ](
+        y: OutputTensor[rank=2, ...],
+        x: InputTensor[dtype=y.dtype, rank=2, ...],
+        w0: InputTensor[dtype=y.dtype, rank=2, ...],
+        scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        u: InputTensor[dtype=DType.float32, rank=2, ...],
+        v: InputTensor[dtype=DType.float32, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var m = x.dim_size(0)
+        var k = x.dim_size(1)
+        var n = w0.dim_size(0)
+        var r = u.dim_size(1)
+        check_theta(
+            "generated_linear", n, k, w0.dim_size(0), w0.dim_size(1), scale.dim_size(0),
+            u.dim_size(0), r, v.dim_size(0), v.dim_size(1),
+        )  # fmt: skip
+        if y.dim_size(0) != m or y.dim_size(1) != n:
+            raise Error(
+                t"generated_linear: output is [{y.dim_size(0)}, {y.dim_size(1)}], expected [M={m}, N={n}]"
+            )
+        comptime if target == "cpu":
+            generated_linear_cpu[y.dtype, y.dtype, y.dtype](
+                y.unsafe_ptr(), x.unsafe_ptr(), w0.unsafe_ptr(), scale.unsafe_ptr(),
+                u.unsafe_ptr(), v.unsafe_ptr(), m, n, k, r, ctx,
+            )  # fmt: skip
+        else:
+            generated_linear_gpu[y.dtype, y.dtype, y.dtype](
+                y.unsafe_ptr(), x.unsafe_ptr(), w0.unsafe_ptr(), scale.unsafe_ptr(),
+                u.unsafe_ptr(), v.unsafe_ptr(), m, n, k, r, ctx,
+            )  # fmt: skip
+
+
+@extensibility.register("attnquant.generated_mlp")
+struct GeneratedMLP:
+    """y[M, H'] = down(gelu_tanh(gate(x)) * up(x)), each projection a theta
+    (w0, s, u, v) as in attnquant.generated_linear: gate and up [I, H],
+    down [H', I]. The intermediate h [M, I] is float32."""
+
+    @staticmethod
+    def execute[
+        target: StaticString
+    ](
+        y: OutputTensor[rank=2, ...],
+        x: InputTensor[dtype=y.dtype, rank=2, ...],
+        gate_w0: InputTensor[dtype=y.dtype, rank=2, ...],
+        gate_scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        gate_u: InputTensor[dtype=DType.float32, rank=2, ...],
+        gate_v: InputTensor[dtype=DType.float32, rank=2, ...],
+        up_w0: InputTensor[dtype=y.dtype, rank=2, ...],
+        up_scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        up_u: InputTensor[dtype=DType.float32, rank=2, ...],
+        up_v: InputTensor[dtype=DType.float32, rank=2, ...],
+        down_w0: InputTensor[dtype=y.dtype, rank=2, ...],
+        down_scale: InputTensor[dtype=DType.float32, rank=1, ...],
+        down_u: InputTensor[dtype=DType.float32, rank=2, ...],
+        down_v: InputTensor[dtype=DType.float32, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var m = x.dim_size(0)
+        var hidden = x.dim_size(1)
+        var inter = gate_w0.dim_size(0)
+        var n_out = down_w0.dim_size(0)
+        var rg = gate_u.dim_size(1)
+        var ru = up_u.dim_size(1)
+        var rd = down_u.dim_size(1)
+        check_theta(
+            "generated_mlp gate", inter, hidden, gate_w0.dim_size(0), gate_w0.dim_size(1),
+            gate_scale.dim_size(0), gate_u.dim_size(0), rg, gate_v.dim_size(0), gate_v.dim_size(1),
+        )  # fmt: skip
+        check_theta(
+            "generated_mlp up", inter, hidden, up_w0.dim_size(0), up_w0.dim_size(1),
+            up_scale.dim_size(0), up_u.dim_size(0), ru, up_v.dim_size(0), up_v.dim_size(1),
+        )  # fmt: skip
+        check_theta(
+            "generated_mlp down", n_out, inter, down_w0.dim_size(0), down_w0.dim_size(1),
+            down_scale.dim_size(0), down_u.dim_size(0), rd, down_v.dim_size(0), down_v.dim_size(1),
+        )  # fmt: skip
+        if y.dim_size(0) != m or y.dim_size(1) != n_out:
+            raise Error(
+                t"generated_mlp: output is [{y.dim_size(0)}, {y.dim_size(1)}], expected [M={m}, N={n_out}]"
+            )
+        comptime if target == "cpu":
+            generated_mlp_cpu[y.dtype, y.dtype, y.dtype](
+                y.unsafe_ptr(), x.unsafe_ptr(),
+                gate_w0.unsafe_ptr(), gate_scale.unsafe_ptr(), gate_u.unsafe_ptr(), gate_v.unsafe_ptr(), rg,
+                up_w0.unsafe_ptr(), up_scale.unsafe_ptr(), up_u.unsafe_ptr(), up_v.unsafe_ptr(), ru,
+                down_w0.unsafe_ptr(), down_scale.unsafe_ptr(), down_u.unsafe_ptr(), down_v.unsafe_ptr(), rd,
+                m, hidden, inter, n_out, ctx,
+            )  # fmt: skip
+        else:
+            generated_mlp_gpu[y.dtype, y.dtype, y.dtype](
+                y.unsafe_ptr(), x.unsafe_ptr(),
+                gate_w0.unsafe_ptr(), gate_scale.unsafe_ptr(), gate_u.unsafe_ptr(), gate_v.unsafe_ptr(), rg,
+                up_w0.unsafe_ptr(), up_scale.unsafe_ptr(), up_u.unsafe_ptr(), up_v.unsafe_ptr(), ru,
+                down_w0.unsafe_ptr(), down_scale.unsafe_ptr(), down_u.unsafe_ptr(), down_v.unsafe_ptr(), rd,
+                m, hidden, inter, n_out, ctx,
+            )  # fmt: skip

@@ -7,8 +7,11 @@ from max.experimental.nn import Module
 from max.experimental.nn.common_layers.activation import activation_function_from_name
 from max.experimental.tensor import Tensor
 
-from attnquant.linear import build_projection
+from attnquant import generated_ops
+from attnquant.linear import ProjectionGroup, build_projection
+from attnquant.reconstruction_path import GENERATED_MLP
 from attnquant.runtime_layout import PartPlan
+from attnquant.theta_linear import GeneratedThetaProjection
 
 
 class ProjectedMLP(Module[[Tensor], Tensor]):
@@ -30,3 +33,35 @@ class ProjectedMLP(Module[[Tensor], Tensor]):
         n = self.feed_forward_length
         gate, up = F.split(self.gate_up_proj(x), [n, n], axis=-1)
         return self.down_proj(F.mul(self.activation(gate), up))
+
+
+class GeneratedMLP(Module[[Tensor], Tensor]):
+    """``ATTNQUANT_FUSED_MLP=1`` on the generated path: gate, up, the
+    activation and down in one ``generated_mlp`` dispatch. The tensors keep
+    the names of the unfused parts (``gate_up_proj.0``/``.1``, ``down_proj``)."""
+
+    def __init__(self, gate_up: tuple[PartPlan, ...], down: tuple[PartPlan, ...], activation: str) -> None:
+        super().__init__()
+        if activation not in generated_ops.MLP_ACTIVATIONS:
+            raise ValueError(
+                f"generated_mlp implements {generated_ops.MLP_ACTIVATIONS}, not {activation!r}; "
+                "set ATTNQUANT_FUSED_MLP=0"
+            )
+        gate, up = gate_up
+        self.gate_up_proj = ProjectionGroup([GeneratedThetaProjection(gate), GeneratedThetaProjection(up)])
+        self.down_proj = GeneratedThetaProjection(down[0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj
+        return generated_ops.generated_mlp(
+            x, gate.theta_args(), up.theta_args(), self.down_proj.theta_args()
+        )
+
+
+def build_mlp(
+    gate_up: tuple[PartPlan, ...], down: tuple[PartPlan, ...], activation: str
+) -> Module[[Tensor], Tensor]:
+    """The MLP module the projection plan asks for."""
+    if all(p.reconstruction == GENERATED_MLP for p in (*gate_up, *down)):
+        return GeneratedMLP(gate_up, down, activation)
+    return ProjectedMLP(gate_up, down, activation)

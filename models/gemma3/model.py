@@ -19,10 +19,11 @@ from max.pipelines.architectures.gemma3_modulev3.model import Gemma3Model
 from attnquant import loading
 from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import weight_files
+from attnquant.theta_linear import shared_blocks
 
 from .inputs import AttnQuantGemma3BatchProcessor
 from .layers.attention import ProjectedGemma3Attention
-from ..common.mlp import ProjectedMLP
+from ..common.mlp import build_mlp
 from .model_config import AttnQuantGemma3Config
 
 logger = logging.getLogger("attnquant")
@@ -68,7 +69,7 @@ class AttnQuantGemma3Model(Gemma3Model):
     def _instantiate_module(self, model_config: AttnQuantGemma3Config) -> Any:
         mesh = DeviceMesh(tuple(self.devices), (len(self.devices),), ("tp",))
         plan = model_config.projection_plan
-        with default_device(mesh):
+        with default_device(mesh), shared_blocks():
             module = Gemma3(model_config, self.kv_params)
             for i, block in enumerate(module.language_model.layers):
                 prefix = f"language_model.layers.{i}"
@@ -77,7 +78,7 @@ class AttnQuantGemma3Model(Gemma3Model):
                     qkv=plan[f"{prefix}.self_attn.qkv_proj"],
                     o=plan[f"{prefix}.self_attn.o_proj"],
                 )
-                block.mlp = ProjectedMLP(
+                block.mlp = build_mlp(
                     gate_up=plan[f"{prefix}.mlp.gate_up_proj"],
                     down=plan[f"{prefix}.mlp.down_proj"],
                     activation=model_config.hidden_activation,

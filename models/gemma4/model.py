@@ -33,7 +33,8 @@ from attnquant import loading
 from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import weight_files
 from attnquant.runtime_layout import ProjectionPlan
-from models.common.mlp import ProjectedMLP
+from attnquant.theta_linear import shared_blocks
+from models.common.mlp import build_mlp
 
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config
@@ -104,18 +105,19 @@ def use_projections(text_model: Gemma4TextModel, plan: ProjectionPlan, *, activa
     Call it in the same build context (``F.lazy()``, dtype, device) that
     built ``text_model``.
     """
-    for i, block in enumerate(text_model.layers):
-        layer = f"{LANGUAGE_PREFIX}layers.{i}"
-        qkv = plan[f"{layer}.self_attn.qkv_proj"]
-        check_qkv_widths(i, block.self_attn, qkv)
-        block.self_attn = ProjectedGemma4Attention(
-            block.self_attn, qkv=qkv, o=plan[f"{layer}.self_attn.o_proj"]
-        )
-        block.mlp = ProjectedMLP(
-            gate_up=plan[f"{layer}.mlp.gate_up_proj"],
-            down=plan[f"{layer}.mlp.down_proj"],
-            activation=activation,
-        )
+    with shared_blocks():
+        for i, block in enumerate(text_model.layers):
+            layer = f"{LANGUAGE_PREFIX}layers.{i}"
+            qkv = plan[f"{layer}.self_attn.qkv_proj"]
+            check_qkv_widths(i, block.self_attn, qkv)
+            block.self_attn = ProjectedGemma4Attention(
+                block.self_attn, qkv=qkv, o=plan[f"{layer}.self_attn.o_proj"]
+            )
+            block.mlp = build_mlp(
+                gate_up=plan[f"{layer}.mlp.gate_up_proj"],
+                down=plan[f"{layer}.mlp.down_proj"],
+                activation=activation,
+            )
 
 
 def single_device_mesh(devices: list[Any]) -> DeviceMesh:

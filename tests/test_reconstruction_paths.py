@@ -1,0 +1,259 @@
+"""In-graph reconstruction (ATTNQUANT_PRECOMPUTE_OUTSIDE=0): the path chooser,
+and every path through MAX on CPU against precompute-outside.
+
+The MAX cases build a small two-layer Gemma-shaped stack (q|k|v, o and the
+gated MLP per layer, the same module names a checkpoint has) through the real
+load pipeline (``loading.prepare_weights``: theta, fused run-time layout,
+shared W0 aliases, path choice) and the real projection modules, compile it,
+and compare its output with the same stack computed in float64 from the
+precomputed W_eff (``reconstruct.precompute_outside``) with the same G and R.
+All cases compile as one graph (one compile, a few minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from attnquant.config import AttnQuantConfig
+from attnquant.reconstruction_path import (
+    MAX_GENERATED_RANK,
+    PathChoice,
+    ReconstructionPath,
+    choose_path,
+)
+
+LAYERS, HIDDEN, Q, KV, INTER = 2, 32, 32, 16, 48
+BASE = AttnQuantConfig(precompute_outside=False, cache=False)
+
+
+# --- the chooser (no MAX) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "api, expected", [("cuda", "gemm"), ("hip", "gemm"), ("metal", "generated"), ("cpu", "gemm")]
+)
+def test_auto_choice_by_accelerator(api: str, expected: str) -> None:
+    choice = choose_path(BASE, api, residual=True)
+    assert choice.path.value == expected
+    assert choice.reason.startswith("auto:")
+    assert str(choice).startswith(expected)
+
+
+@pytest.mark.parametrize("gemm, expected", [(True, "gemm"), (False, "generated")])
+def test_explicit_gemm_overrides_the_accelerator(gemm: bool, expected: str) -> None:
+    for api in ("cuda", "metal", "cpu"):
+        choice = choose_path(dataclasses.replace(BASE, gemm=gemm), api, residual=True)
+        assert choice == PathChoice(ReconstructionPath(expected), f"ATTNQUANT_GEMM={int(gemm)}")
+
+
+def test_precompute_outside_and_fold() -> None:
+    assert choose_path(AttnQuantConfig(), "cuda", residual=True).path is ReconstructionPath.PRECOMPUTE_OUTSIDE
+    fold = dataclasses.replace(BASE, precompute=True, gemm=False)
+    assert choose_path(fold, "cpu", residual=True).path is ReconstructionPath.GRAPH_FOLD
+
+
+def test_rank_guard_points_to_the_gemm_path() -> None:
+    config = dataclasses.replace(BASE, gemm=False, rank=MAX_GENERATED_RANK + 1)
+    with pytest.raises(ValueError, match=r"ATTNQUANT_RANK=65 .*ATTNQUANT_GEMM=1"):
+        choose_path(config, "cuda", residual=True)
+    # At passthrough every residual is empty: nothing to refuse.
+    assert choose_path(config, "cuda", residual=False).path is ReconstructionPath.GENERATED
+    at_limit = dataclasses.replace(config, rank=MAX_GENERATED_RANK)
+    assert choose_path(at_limit, "cuda", residual=True).path is ReconstructionPath.GENERATED
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"quant": "nvfp4"}, r"ATTNQUANT_QUANT=nvfp4 .*ATTNQUANT_PRECOMPUTE_OUTSIDE=1"),
+        ({"precompute_outside": True, "precompute": True}, r"ATTNQUANT_PRECOMPUTE=1 .*OUTSIDE=0"),
+    ],
+)
+def test_unservable_combinations_are_refused(changes: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        choose_path(dataclasses.replace(BASE, **changes), "cpu", residual=True)
+
+
+# --- every path through MAX on CPU --------------------------------------------
+
+
+def checkpoint(seed: int) -> dict[str, torch.Tensor]:
+    """Layers that resemble each other (a shared part plus noise), so bands
+    and residuals are meaningful, in bf16 as checkpoints are."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {
+        "self_attn.q_proj": (Q, HIDDEN), "self_attn.k_proj": (KV, HIDDEN),
+        "self_attn.v_proj": (KV, HIDDEN), "self_attn.o_proj": (HIDDEN, Q),
+        "mlp.gate_proj": (INTER, HIDDEN), "mlp.up_proj": (INTER, HIDDEN),
+        "mlp.down_proj": (HIDDEN, INTER),
+    }  # fmt: skip
+    out = {}
+    for name, (n, k) in shapes.items():
+        common = torch.randn(n, k, generator=g)
+        for layer in range(LAYERS):
+            w = (common + 0.5 * torch.randn(n, k, generator=g)) / math.sqrt(k)
+            out[f"model.layers.{layer}.{name}.weight"] = w.to(torch.bfloat16)
+    out["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)  # a non-projection tensor
+    return out
+
+
+def reference(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The toy stack in float64 on plain weights."""
+    h = x.double()
+    for layer in range(LAYERS):
+        w = {k.split(f"layers.{layer}.", 1)[1]: v.double() for k, v in weights.items() if f"layers.{layer}." in k}
+        qkv = torch.cat([h @ w[f"self_attn.{p}_proj.weight"].T for p in "qkv"], dim=-1)
+        h = h + 0.5 * (qkv[:, :Q] @ w["self_attn.o_proj.weight"].T)
+        gate = torch.nn.functional.gelu(h @ w["mlp.gate_proj.weight"].T, approximate="tanh")
+        h = h + (gate * (h @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+    return h
+
+
+def build_stack(plan):
+    """Our projection modules in a toy Gemma-shaped decoder (no attention math)."""
+    from max.experimental.nn import Module
+    from max.experimental.nn.sequential import ModuleList
+    from max.experimental.tensor import Tensor
+
+    from attnquant.linear import build_projection
+    from attnquant.theta_linear import shared_blocks
+    from models.common.mlp import build_mlp
+
+    class Attention(Module):
+        def __init__(self, prefix: str) -> None:
+            super().__init__()
+            self.qkv_proj = build_projection(plan[f"{prefix}.qkv_proj"])
+            self.o_proj = build_projection(plan[f"{prefix}.o_proj"])
+
+        def forward(self, h):
+            return self.o_proj(self.qkv_proj(h)[:, :Q])
+
+    class Layer(Module):
+        def __init__(self, i: int) -> None:
+            super().__init__()
+            self.self_attn = Attention(f"model.layers.{i}.self_attn")
+            self.mlp = build_mlp(
+                plan[f"model.layers.{i}.mlp.gate_up_proj"], plan[f"model.layers.{i}.mlp.down_proj"],
+                "gelu_tanh",
+            )  # fmt: skip
+
+        def forward(self, h):
+            h = h + 0.5 * self.self_attn(h)
+            return h + self.mlp(h)
+
+    class Decoder(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = ModuleList([Layer(i) for i in range(LAYERS)])
+            self.norm = Tensor.zeros([HIDDEN])  # so the checkpoint's norm binds
+
+        def forward(self, h):
+            for layer in self.layers:
+                h = layer(h)
+            return h
+
+    class Stack(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Decoder()
+
+        def forward(self, x):
+            return self.model(x)
+
+    with shared_blocks():  # one per model: parts alias W0 within it only
+        return Stack()
+
+
+CASES = {  # together: every path, fused and unfused groups, R = 0 and R > 0, shared and passthrough
+    "gemm-G1-R3": dict(gemm=True, blocks=1, rank=3),
+    "fold-G1-R0-unfused": dict(precompute=True, blocks=1, rank=0, qkv_fuse=False),
+    "generated-fused-mlp-G1-R3": dict(gemm=False, blocks=1, rank=3, fused_mlp=True),
+    "generated-passthrough": dict(gemm=False, blocks=LAYERS, fused_mlp=False),
+}
+
+
+@pytest.fixture(scope="module")
+def served() -> dict[str, tuple]:
+    """Every case prepared by the load pipeline, all compiled as one graph
+    (one compile instead of one per case), run on one input."""
+    from max.driver import CPU
+    from max.dtype import DType
+    from max.experimental.nn import Module
+    from max.experimental.nn.sequential import ModuleList
+    from max.experimental.tensor import Tensor, default_device
+    from max.graph import DeviceRef, TensorType
+
+    from attnquant import loading
+
+    prepared, state = {}, {}
+    for i, (case, changes) in enumerate(CASES.items()):
+        config = dataclasses.replace(BASE, **changes)
+        ckpt = checkpoint(seed=i)
+        prepared[case] = (config, ckpt, loading.prepare_weights(
+            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
+        ))  # fmt: skip
+        for name, tensor in prepared[case][2].state_dict.items():
+            state[f"cases.{i}.{name.removesuffix('.weight') if name == 'model.norm.weight' else name}"] = tensor
+
+    class AllCases(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cases = ModuleList([build_stack(p.plan) for _, _, p in prepared.values()])
+
+        def forward(self, x):
+            return tuple(stack(x) for stack in self.cases)
+
+    with default_device(CPU()):
+        model = AllCases()
+    run = model.compile(TensorType(DType.float32, ["m", HIDDEN], DeviceRef.CPU()), weights=state)
+    x = torch.randn(5, HIDDEN)
+    outputs = run(Tensor.from_dlpack(x))
+    return {
+        case: (config, ckpt, p, x, torch.from_dlpack(y).double())
+        for (case, (config, ckpt, p)), y in zip(prepared.items(), outputs, strict=True)
+    }
+
+
+@pytest.mark.max
+@pytest.mark.parametrize("case", list(CASES))
+def test_path_matches_precompute_outside(served: dict, case: str) -> None:
+    from attnquant.reconstruct import precompute_outside
+
+    config, ckpt, prepared, x, y = served[case]
+    expected_path = "graph-fold" if config.precompute else ("gemm" if config.gemm else "generated")
+    assert f"path={expected_path} (" in prepared.summary
+    parts = [p for parts in prepared.plan.values() for p in parts]
+    assert {p.kind for p in parts} == {"theta"}
+    if config.blocks < LAYERS:
+        # A band's W0 is one tensor object however many layers use it.
+        owners = {p.shared_with for p in parts}
+        assert len(owners) == len(parts) * config.blocks // LAYERS
+    # precompute-outside's W_eff, before its storage rounding to bf16 (which
+    # alone moves this output ~1e-2): s*W0 + U V^T in float64.
+    ref = reference(x, w_eff_float64(ckpt, config))
+    error = float((y - ref).norm() / ref.norm())
+    assert error < 1e-5, f"{case}: relative error {error:.2e} vs precompute-outside"
+    # And the served W_eff itself, within bf16 rounding.
+    served_eff = precompute_outside(ckpt, dataclasses.replace(config, precompute_outside=True), progress=False)
+    ref_bf16 = reference(x, {k: v for k, v in served_eff.state_dict.items() if "_proj" in k})
+    assert float((y - ref_bf16).norm() / ref_bf16.norm()) < 5e-2
+
+
+def w_eff_float64(ckpt: dict[str, torch.Tensor], config: AttnQuantConfig) -> dict[str, torch.Tensor]:
+    from attnquant.projections import find_projections
+    from attnquant.theta import build_theta
+
+    keys = find_projections(ckpt)
+    theta = build_theta(
+        {k: ckpt[k.weight_name] for k in keys}, blocks=config.blocks, rank=config.rank, num_layers=LAYERS
+    )
+    out = {}
+    for key in keys:
+        layer = theta.layers[(key.family, key.layer)]
+        w0 = theta.shared[layer.group].double()
+        out[key.weight_name] = layer.scale.double()[:, None] * w0 + layer.u.double() @ layer.v.double().T
+    return out

@@ -1,57 +1,75 @@
 #!/usr/bin/env bash
-# The H200 decode experiment (Gemma 3 1B geometry and Gemma 4 31B geometry,
-# random weights, the canonical harness bench/serve_benchmark.py), run
+# The H200 decode experiment (Gemma 3 1B geometry, optionally Gemma 4 31B
+# geometry; random weights; the canonical harness bench/serve_benchmark.py), run
 # detached so it can outlast one 10-minute device call. After staging MAX:
 #   source /root/max-env.sh; bash bench/h200_session.sh start   # launch, then wait
 #   source /root/max-env.sh; bash bench/h200_session.sh wait    # wait again, collect
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
-# With two GPUs the two models run side by side (Gemma 3 on GPU 0, Gemma 4 on
-# GPU 1: separate cards, separate servers); with one, one after the other.
-# Override: G3_CELLS, G4_CELLS, G4_LAYERS (30), SESSIONS (2), TRIALS (3 per session).
+# Everything shares GPU 0; a lock keeps measurements from overlapping.
+# Override: E2E_CELLS, INGRAPH_CELLS, G4_CELLS (off by default), G4_LAYERS (6),
+# SESSIONS (2), TRIALS (3 per session), KERNEL_BENCH (1), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
 OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-G3_CELLS="${G3_CELLS:-builtin-bf16:off attnquant-bf16:off attnquant-bf16:on attnquant-nvfp4:off attnquant-nvfp4:on}"
-G4_CELLS="${G4_CELLS:-builtin-bf16:off attnquant-nvfp4:off attnquant-nvfp4-mlp:off}"
+LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
+# Issue #5: the end-to-end decode cells (capture pinned on every cell).
+E2E_CELLS="${E2E_CELLS-builtin-bf16:off attnquant-bf16:off attnquant-bf16:on attnquant-nvfp4:off attnquant-nvfp4:on}"
+# Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
+# the same graph as attnquant-bf16:on above, so that cell is their baseline).
+IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
+INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
+$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
+G4_CELLS="${G4_CELLS-}"  # e.g. "builtin-bf16:off attnquant-nvfp4:off attnquant-nvfp4-mlp:off"
 
-bench() {  # bench NAME GPU MODEL MEMORY_FRACTION PORT CELLS...
-  local name=$1 gpu=$2 model=$3 fraction=$4 port=$5; shift 5
+bench() {  # bench NAME NICE MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
+  local name=$1 niceness=$2 model=$3 fraction=$4 port=$5 prompts=$6; shift 6
   mkdir -p "$WORK/$name"
-  CUDA_VISIBLE_DEVICES=$gpu python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
-    --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --memory-fraction "$fraction" \
-    --port-base "$port" --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
+  nice -n "$niceness" python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
+    --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --num-prompts "$prompts" \
+    --memory-fraction "$fraction" --port-base "$port" --gpu-lock "$LOCK" \
+    --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
 }
 
 run() {
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
-  local gpus second
-  gpus=$(nvidia-smi -L | wc -l); second=$(( gpus > 1 ? 1 : 0 ))
-  python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1 &
-  python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device "cuda:$second" 2>&1 | tail -1 &
-  wait
+  python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
+  [ -n "$G4_CELLS" ] && python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
+  # One GPU, several harnesses: the end-to-end cells compile at full priority,
+  # the rest niced; each harness measures only while holding $LOCK.
   # shellcheck disable=SC2086
-  if (( gpus > 1 )); then
-    bench gemma3 "${G3_GPU:-0}" "$WORK/g3-model" "${G3_FRACTION:-0.12}" "${G3_PORT:-8100}" $G3_CELLS &
-    bench gemma4 "${G4_GPU:-1}" "$WORK/g4-model" "${G4_FRACTION:-0.3}" "${G4_PORT:-8200}" $G4_CELLS &
-    wait
-  else
-    bench gemma3 0 "$WORK/g3-model" 0.12 8100 $G3_CELLS
-    bench gemma4 0 "$WORK/g4-model" 0.3 8200 $G4_CELLS
+  [ -n "$E2E_CELLS" ] && bench e2e 0 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8100 8 $E2E_CELLS &
+  # shellcheck disable=SC2086
+  [ -n "$INGRAPH_CELLS" ] && bench ingraph 10 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8300 "${INGRAPH_PROMPTS:-4}" $INGRAPH_CELLS &
+  # shellcheck disable=SC2086
+  [ -n "$G4_CELLS" ] && bench gemma4 5 "$WORK/g4-model" "${G4_FRACTION:-0.2}" 8500 8 $G4_CELLS &
+  # The generated_linear kernel check and timing, on the GPU while the servers compile.
+  if [ "${KERNEL_BENCH:-1}" = 1 ]; then
+    flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" nice -n 10 python3 "$HERE/generated_linear_h200.py" \
+      --out "$WORK/genlin" > "$WORK/genlin.txt" 2>&1 &
   fi
+  wait
   touch "$WORK/done"
 }
 
-collect() {
+collect() {  # at most 8 files come back
   mkdir -p "$OUT"
-  cp "$WORK"/gpu.txt "$WORK"/session.log "$WORK"/*-table.txt "$OUT/" 2>/dev/null
+  cat "$WORK"/gpu.txt "$WORK"/session.log > "$OUT/session.txt" 2>/dev/null
+  cp "$WORK"/*-table.txt "$WORK"/genlin.txt "$OUT/" 2>/dev/null
   cat "$WORK"/*/results.jsonl > "$OUT/results.jsonl" 2>/dev/null
-  for f in "$WORK"/*/serve-*.log; do  # one digest of every server log (only 8 files come back)
-    echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:" "$f" | grep -v "^INFO.*HTTP" | tail -25
+  for f in "$WORK"/*/greedy_texts.json; do echo "== $f"; cat "$f"; done > "$OUT/greedy.txt" 2>/dev/null
+  for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
+    echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" | grep -v "^INFO.*HTTP" | tail -25
   done > "$OUT/server-logs.txt" 2>/dev/null
   [ -e "$WORK/done" ] && echo "experiment done" || echo "experiment still running"
-  tail -n 40 "$WORK"/*-table.txt 2>/dev/null
+  tail -n 30 "$WORK"/*-table.txt "$WORK"/genlin.txt 2>/dev/null
 }
 
 case "${1:-}" in

@@ -7,7 +7,12 @@ runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
 ``--num-prompts`` prompts, temperature 0); it appends one JSON line per trial,
 stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
-each cell's greedy 48-token completion with the first cell's.
+each cell's greedy 48-token completion with the first cell's and with its
+capture twin's (the same cell with capture flipped), when that cell is run.
+
+``--gpu-lock FILE`` lets several harnesses share one GPU: each holds an
+exclusive lock on FILE while it measures a cell, so measurements never overlap
+(servers of the other harness may still be compiling or loading meanwhile).
 
 A cell is ``VARIANT:on|off[+ENV=VALUE...]``: the capture flag is always passed
 explicitly (``--device-graph-capture`` / ``--no-device-graph-capture``), and
@@ -25,6 +30,8 @@ Variants:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -130,6 +137,20 @@ def stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
+@contextlib.contextmanager
+def measuring(lock: Path | None):
+    """Exclusive use of the GPU for one cell's trials when harnesses share it."""
+    if lock is None:
+        yield
+        return
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows: list[dict]) -> dict[str, str]:
     """One server per cell; returns each started cell's greedy text."""
     logs = args.out.parent
@@ -154,27 +175,34 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
             if cell.spec not in texts:
                 continue
             _, port, _ = servers[cell.spec]
-            for trial in range(args.trials):
-                try:
-                    r = run_trial(args.model, port, logs / f"bench-{cell.slug}-{session}-{trial}.json", args.num_prompts)
-                except RuntimeError as error:
-                    print(f"FAILED trial {cell.spec} session {session}: {error}", flush=True)
-                    break
-                row = {
-                    "cell": cell.spec, "session": session, "trial": trial,
-                    # At concurrency 1: generated tokens over the trial's wall time.
-                    "output_tok_s": r["total_output_tokens"] / r["duration"],
-                    "mean_tpot_ms": r.get("mean_tpot_ms"),
-                    "mean_ttft_ms": r.get("mean_ttft_ms"),
-                }  # fmt: skip
-                rows.append(row)
-                with args.out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            with measuring(args.gpu_lock):
+                measure_cell(cell, session, port, args, rows)
             print(summary(rows, cell.spec), flush=True)
     finally:
         for server, _, _ in servers.values():
             stop(server)
     return texts
+
+
+def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
+    logs = args.out.parent
+    for trial in range(args.trials):
+        try:
+            r = run_trial(args.model, port, logs / f"bench-{cell.slug}-{session}-{trial}.json", args.num_prompts)
+        except RuntimeError as error:
+            print(f"FAILED trial {cell.spec} session {session}: {error}", flush=True)
+            break
+        row = {
+            "cell": cell.spec, "session": session, "trial": trial,
+            # At concurrency 1: generated tokens over the trial's wall time.
+            "output_tok_s": r["total_output_tokens"] / r["duration"],
+            "mean_tpot_ms": r.get("mean_tpot_ms"),
+            "mean_ttft_ms": r.get("mean_ttft_ms"),
+            "unix_time": round(time.time(), 1),
+        }  # fmt: skip
+        rows.append(row)
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
@@ -192,6 +220,13 @@ def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
     return f"{spec}: median {statistics.median(tok_s):.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
 
 
+def capture_twin(spec: str) -> str:
+    """The same cell with device graph capture flipped."""
+    head, sep, extra = spec.partition("+")
+    variant, _, capture = head.partition(":")
+    return f"{variant}:{'off' if capture == 'on' else 'on'}{sep}{extra}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
     parser.add_argument("--model", type=Path, required=True)
@@ -203,6 +238,7 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=8100)
     parser.add_argument("--ready-timeout", type=float, default=1200)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
     args = parser.parse_args()
     cells = [Cell.parse(spec) for spec in args.cells]
     rows: list[dict] = []
@@ -214,8 +250,15 @@ def main() -> None:
     for cell in cells:
         print(summary(rows, cell.spec, markdown=True))
     first = texts.get(cells[0].spec, [None])[0]
-    for spec, seen in texts.items():
-        print(f"greedy text {spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}")
+    for cell in cells:
+        seen = texts.get(cell.spec)
+        if not seen:
+            continue
+        line = f"greedy text {cell.spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}"
+        twin = texts.get(capture_twin(cell.spec))
+        if twin:
+            line += f", same as capture twin={seen[0] == twin[0]}"
+        print(line)
     (args.out.parent / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
 
 

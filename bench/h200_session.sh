@@ -4,9 +4,10 @@
 # detached so it can outlast one 10-minute device call. After staging MAX:
 #   source /root/max-env.sh; bash bench/h200_session.sh start   # launch, then wait
 #   source /root/max-env.sh; bash bench/h200_session.sh wait    # wait again, collect
+#   source /root/max-env.sh; bash bench/h200_session.sh start-gemma4  # optional, later
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
 # Everything shares GPU 0; a lock keeps measurements from overlapping.
-# Override: E2E_CELLS, INGRAPH_CELLS, G4_CELLS (off by default), G4_LAYERS (6),
+# Override: E2E_CELLS, INGRAPH_CELLS, G4_CELLS, G4_LAYERS (6),
 # SESSIONS (2), TRIALS (3 per session), KERNEL_BENCH (1), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
@@ -26,7 +27,6 @@ $IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
 $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
 $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
 $IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
-G4_CELLS="${G4_CELLS-}"  # e.g. "builtin-bf16:off attnquant-nvfp4:off attnquant-nvfp4-mlp:off"
 
 bench() {  # bench NAME NICE MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
   local name=$1 niceness=$2 model=$3 fraction=$4 port=$5 prompts=$6; shift 6
@@ -41,15 +41,12 @@ run() {
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
-  [ -n "$G4_CELLS" ] && python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
   # One GPU, several harnesses: the end-to-end cells compile at full priority,
   # the rest niced; each harness measures only while holding $LOCK.
   # shellcheck disable=SC2086
   [ -n "$E2E_CELLS" ] && bench e2e 0 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8100 8 $E2E_CELLS &
   # shellcheck disable=SC2086
   [ -n "$INGRAPH_CELLS" ] && bench ingraph 10 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8300 "${INGRAPH_PROMPTS:-4}" $INGRAPH_CELLS &
-  # shellcheck disable=SC2086
-  [ -n "$G4_CELLS" ] && bench gemma4 5 "$WORK/g4-model" "${G4_FRACTION:-0.2}" 8500 8 $G4_CELLS &
   # The generated_linear kernel check and timing, on the GPU while the servers compile.
   if [ "${KERNEL_BENCH:-1}" = 1 ]; then
     flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" nice -n 10 python3 "$HERE/generated_linear_h200.py" \
@@ -57,6 +54,18 @@ run() {
   fi
   wait
   touch "$WORK/done"
+}
+
+run_gemma4() {  # a later, separate start on the same machine: shares the lock
+  export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
+  python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
+  # shellcheck disable=SC2086
+  bench gemma4 0 "$WORK/g4-model" "${G4_FRACTION:-0.2}" 8500 8 ${G4_CELLS:-builtin-bf16:off attnquant-nvfp4:off attnquant-nvfp4-mlp:off}
+  touch "$WORK/g4-done"
+}
+
+finished() {
+  [ -e "$WORK/done" ] && { [ ! -e "$WORK/g4-started" ] || [ -e "$WORK/g4-done" ]; }
 }
 
 collect() {  # at most 8 files come back
@@ -68,7 +77,8 @@ collect() {  # at most 8 files come back
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" | grep -v "^INFO.*HTTP" | tail -25
   done > "$OUT/server-logs.txt" 2>/dev/null
-  [ -e "$WORK/done" ] && echo "experiment done" || echo "experiment still running"
+  cat "$WORK"/gemma4-session.log >> "$OUT/session.txt" 2>/dev/null
+  finished && echo "experiment done" || echo "experiment still running"
   tail -n 30 "$WORK"/*-table.txt "$WORK"/genlin.txt 2>/dev/null
 }
 
@@ -77,10 +87,15 @@ case "${1:-}" in
     mkdir -p "$WORK"
     setsid nohup bash "$0" run > "$WORK/session.log" 2>&1 < /dev/null &
     sleep 5; exec bash "$0" wait ;;
+  start-gemma4)
+    touch "$WORK/g4-started"
+    setsid nohup bash "$0" run-gemma4 > "$WORK/gemma4-session.log" 2>&1 < /dev/null &
+    sleep 5; exec bash "$0" wait ;;
   wait)
     deadline=$(( SECONDS + ${WAIT_S:-540} ))
-    while [ ! -e "$WORK/done" ] && (( SECONDS < deadline )); do sleep 10; done
+    while ! finished && (( SECONDS < deadline )); do sleep 10; done
     collect ;;
   run) run ;;
-  *) echo "usage: $0 start|wait" >&2; exit 2 ;;
+  run-gemma4) run_gemma4 ;;
+  *) echo "usage: $0 start|start-gemma4|wait" >&2; exit 2 ;;
 esac

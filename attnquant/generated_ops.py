@@ -27,7 +27,8 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 
-from attnquant.kernels import _custom, _is_static
+from attnquant.kernels import _custom
+from attnquant.matmul import is_static_dim
 
 MAX_GENERATED_RANK = 64
 MLP_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
@@ -96,9 +97,9 @@ def _check_theta(name: str, theta: Theta, k: object, act_dtype: DType) -> None:
         if dtype != DType.float32:
             raise ValueError(f"{name}: {field} must be float32, got {dtype}")
     w0_k = theta.w0.shape[1]
-    if _is_static(w0_k) and _is_static(k) and int(w0_k) != int(k):  # type: ignore[call-overload]
+    if is_static_dim(w0_k) and is_static_dim(k) and int(w0_k) != int(k):  # type: ignore[call-overload]
         raise ValueError(f"{name}: w0 is {list(theta.w0.shape)}, the input has K={k} features")
-    if _is_static(theta.rank):
+    if is_static_dim(theta.rank):
         check_rank(int(theta.rank))
 
 
@@ -107,7 +108,7 @@ def _flatten(x: Tensor) -> tuple[Tensor, list, object]:
     if x.rank < 2:
         raise ValueError(f"expected activations of rank >= 2 ([..., K]), got shape {list(x.shape)}")
     k = x.shape[-1]
-    k = int(k) if _is_static(k) else k
+    k = int(k) if is_static_dim(k) else k
     lead = list(x.shape[:-1])
     x2 = x if x.rank == 2 else F.reshape(x, [-1, k])
     return x2, lead, k

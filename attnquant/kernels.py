@@ -46,6 +46,8 @@ from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 from max.graph import DeviceRef, Graph, TensorType
 
+from attnquant import matmul
+from attnquant.matmul import is_static_dim
 from kernels import OPS_PATH
 from kernels.sm90_layout import (
     BLOCK,
@@ -362,7 +364,7 @@ def _gemv_or_dequant_matmul(
             [TensorType(weight_dtype, [config.n, config.k], device)],
             custom_extensions=_ops_for_current_graph(),
         )
-        return x @ w.T
+        return matmul.linear(x, w)
 
     return _dispatch_on_m(x, config, gemv, dequant_matmul)
 
@@ -372,10 +374,10 @@ def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor
     building the graph when M is static (or ``config.max_m`` bounds it), at run
     time with ``F.cond`` when M is symbolic."""
     m = x.shape[0]
-    bound = int(m) if _is_static(m) else config.max_m
+    bound = int(m) if is_static_dim(m) else config.max_m
     if bound is not None and bound <= GEMV_MAX_M:
         return small()
-    if _is_static(m):
+    if is_static_dim(m):
         return large()
     pred = F.shape_to_tensor([m])[0] <= GEMV_MAX_M
     out = TensorType(x.dtype, [m, config.n], DeviceRef.from_device(x.device))
@@ -383,12 +385,6 @@ def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor
     return y
 
 
-def _is_static(dim: object) -> bool:
-    try:
-        int(dim)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def describe(config: NVFP4LinearConfig) -> str:

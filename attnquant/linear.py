@@ -12,7 +12,7 @@ from max.experimental.nn import Module
 from max.experimental.nn.sequential import ModuleList
 from max.experimental.tensor import Tensor
 
-from attnquant import kernels
+from attnquant import kernels, matmul
 from attnquant.runtime_layout import PartPlan
 from attnquant.theta_linear import build_theta_part
 
@@ -25,7 +25,7 @@ class DenseProjection(Module[[Tensor], Tensor]):
         self.weight = Tensor.zeros([part.out_dim, part.in_dim])
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.weight.T
+        return matmul.linear(x, self.weight)
 
 
 class NVFP4Projection(Module[[Tensor], Tensor]):

@@ -17,7 +17,7 @@ from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 
-from attnquant import nvfp4
+from attnquant import matmul, nvfp4
 
 BLOCK = nvfp4.BLOCK_SIZE
 
@@ -49,4 +49,4 @@ def linear(
 ) -> Tensor:
     """``x @ dequant(W).T`` in ``x``'s dtype (float32 accumulation on CPU)."""
     weight = dequantize_weight(packed, scale_bits, global_scale, x.dtype)
-    return x @ weight.T
+    return matmul.linear(x, weight)

@@ -18,7 +18,7 @@ from max.dtype import DType
 from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
-from attnquant import generated_ops
+from attnquant import generated_ops, matmul
 from attnquant.reconstruction_path import GENERATED_MLP, ReconstructionPath
 from attnquant.runtime_layout import PartPlan
 
@@ -77,7 +77,7 @@ class GemmThetaProjection(ThetaTensors):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        y = (x @ self.w0.T) * self.scale
+        y = matmul.linear(x, self.w0) * self.scale
         delta = self.residual(x)
         return y if delta is None else y + delta
 
@@ -89,7 +89,7 @@ class FoldThetaProjection(ThetaTensors):
         w = self.w0 * self.scale.reshape([-1, 1])
         if self.rank:
             w = w + self.u @ self.v.T
-        return x @ w.T
+        return matmul.linear(x, w)
 
 
 class GeneratedThetaProjection(ThetaTensors):

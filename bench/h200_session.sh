@@ -91,11 +91,12 @@ case "${1:-}" in
     touch "$WORK/g4-started"
     setsid nohup bash "$0" run-gemma4 > "$WORK/gemma4-session.log" 2>&1 < /dev/null &
     sleep 5; exec bash "$0" wait ;;
+  collect) collect ;;  # now, without waiting
   wait)
     deadline=$(( SECONDS + ${WAIT_S:-540} ))
     while ! finished && (( SECONDS < deadline )); do sleep 10; done
     collect ;;
   run) run ;;
   run-gemma4) run_gemma4 ;;
-  *) echo "usage: $0 start|start-gemma4|wait" >&2; exit 2 ;;
+  *) echo "usage: $0 start|start-gemma4|wait|collect" >&2; exit 2 ;;
 esac

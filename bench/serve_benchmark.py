@@ -77,7 +77,7 @@ class Cell:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
 
 
-def launch(cell: Cell, model: Path, port: int, log: Path, memory_fraction: float) -> subprocess.Popen:
+def launch(cell: Cell, model: Path, port: int, log: Path, memory_fraction: float, threads: int) -> subprocess.Popen:
     command, env = VARIANTS[cell.variant]
     args = [
         *command, "serve", "--model-path", str(model), "--port", str(port),
@@ -86,7 +86,9 @@ def launch(cell: Cell, model: Path, port: int, log: Path, memory_fraction: float
         "--device-graph-capture" if cell.capture else "--no-device-graph-capture",
     ]  # fmt: skip
     return subprocess.Popen(
-        args, env={**os.environ, **env, **cell.env}, stdout=log.open("ab"),
+        # Host threads per server: several servers on one host each sizing
+        # torch/OpenMP pools to every core thrash (theta builds ran 30x slower).
+        args, env={**os.environ, "OMP_NUM_THREADS": str(threads), **env, **cell.env}, stdout=log.open("ab"),
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 
@@ -160,7 +162,12 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
         for i, cell in enumerate(cells):
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
-            servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction), port, log)
+            servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction, args.threads), port, log)
+            if i == 0 and session == 0 and len(cells) > 1:
+                # The first server alone fills MAX's kernel caches (two first
+                # compiles of one kernel library race: "file too short").
+                with contextlib.suppress(RuntimeError, TimeoutError):
+                    wait_ready(servers[cell.spec][0], port, log, args.ready_timeout)
         for cell in cells:
             server, port, log = servers[cell.spec]
             try:
@@ -238,6 +245,7 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=8100)
     parser.add_argument("--ready-timeout", type=float, default=1200)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
     args = parser.parse_args()
     cells = [Cell.parse(spec) for spec in args.cells]

@@ -5,17 +5,19 @@
 #   source /root/max-env.sh; bash bench/h200_session.sh start   # launch, then wait
 #   source /root/max-env.sh; bash bench/h200_session.sh wait    # wait again, collect
 #   source /root/max-env.sh; bash bench/h200_session.sh start-gemma4  # optional, later
+#   bash bench/h200_session.sh collect                               # copy what is there, now
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
-# Everything shares GPU 0; a lock keeps measurements from overlapping.
-# Override: E2E_CELLS, INGRAPH_CELLS, G4_CELLS, G4_LAYERS (6),
-# SESSIONS (2), TRIALS (3 per session), KERNEL_BENCH (1), WAIT_S (540).
+# GPU 0; phases one after another (end-to-end cells with the kernel check,
+# then the in-graph cells GROUP at a time); a lock keeps timings from overlapping.
+# Override: E2E_CELLS, INGRAPH_CELLS, GROUP (4), G3_FRACTION (0.1), G4_CELLS,
+# G4_LAYERS (6), SESSIONS (2), TRIALS (3 per session), KERNEL_BENCH (1), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
 OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
 # Issue #5: the end-to-end decode cells (capture pinned on every cell).
-E2E_CELLS="${E2E_CELLS-builtin-bf16:off attnquant-bf16:off attnquant-bf16:on attnquant-nvfp4:off attnquant-nvfp4:on}"
+E2E_CELLS="${E2E_CELLS-builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on attnquant-nvfp4:off}"
 # Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
@@ -41,18 +43,21 @@ run() {
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
-  # One GPU, several harnesses: the end-to-end cells compile at full priority,
-  # the rest niced; each harness measures only while holding $LOCK.
-  # shellcheck disable=SC2086
-  [ -n "$E2E_CELLS" ] && bench e2e 0 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8100 8 $E2E_CELLS &
-  # shellcheck disable=SC2086
-  [ -n "$INGRAPH_CELLS" ] && bench ingraph 10 "$WORK/g3-model" "${G3_FRACTION:-0.04}" 8300 "${INGRAPH_PROMPTS:-4}" $INGRAPH_CELLS &
-  # The generated_linear kernel check and timing, on the GPU while the servers compile.
+  # Phase 1: the end-to-end cells (few servers: capture backs its memory up
+  # front, and fourteen servers on one card left it none), and the kernel
+  # check, which holds the lock while it times (before the servers are up).
   if [ "${KERNEL_BENCH:-1}" = 1 ]; then
-    flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" nice -n 10 python3 "$HERE/generated_linear_h200.py" \
+    flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" python3 "$HERE/generated_linear_h200.py" \
       --out "$WORK/genlin" > "$WORK/genlin.txt" 2>&1 &
   fi
+  # shellcheck disable=SC2086
+  [ -n "$E2E_CELLS" ] && bench e2e 0 "$WORK/g3-model" "${G3_FRACTION:-0.1}" 8100 8 $E2E_CELLS
   wait
+  # Phase 2: the in-graph cells, GROUP at a time.
+  local cells=($INGRAPH_CELLS) i
+  for (( i = 0; i < ${#cells[@]}; i += ${GROUP:-4} )); do
+    bench "ingraph$i" 0 "$WORK/g3-model" "${G3_FRACTION:-0.1}" $(( 8300 + i )) "${INGRAPH_PROMPTS:-8}" "${cells[@]:i:${GROUP:-4}}"
+  done
   touch "$WORK/done"
 }
 

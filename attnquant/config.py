@@ -143,6 +143,13 @@ SETTINGS: tuple[Setting, ...] = (
         changes_weights=True,
     ),
     Setting(
+        "ATTNQUANT_NVFP4_DISPATCH", "nvfp4_dispatch", _parse_choice("auto", "gemv"), _constant("auto"),
+        "auto", "auto, gemv",
+        "NVFP4 projections on a GPU: auto = the GEMV kernel up to 16 tokens, dequantize + "
+        "MAX matmul above, chosen each step by a branch per projection; gemv = the GEMV "
+        "kernel at every token count (no branch; prefill re-reads the weights every 16 tokens).",
+    ),
+    Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
@@ -192,6 +199,7 @@ class AttnQuantConfig:
     quant: Literal["none", "nvfp4"] = "none"
     quant_ignore: tuple[str, ...] = ()
     scale_search: Literal["rtn", "mse"] = "rtn"
+    nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True

@@ -111,6 +111,9 @@ class NVFP4LinearConfig:
         max_m: the largest number of activation rows the layer will see, if
             known (only used to skip building the large-M branch).
         layout: if set, only backends taking this weight layout qualify.
+        gemv_only: GPU backends run their GEMV kernel at every M instead of
+            branching to dequantize + matmul above ``GEMV_MAX_M``
+            (``ATTNQUANT_NVFP4_DISPATCH=gemv``).
     """
 
     n: int
@@ -120,6 +123,7 @@ class NVFP4LinearConfig:
     device_arch: str = ""
     max_m: int | None = None
     layout: WeightLayout | None = None
+    gemv_only: bool = False
 
     @classmethod
     def for_device(
@@ -131,9 +135,10 @@ class NVFP4LinearConfig:
         *,
         max_m: int | None = None,
         layout: WeightLayout | None = None,
+        gemv_only: bool = False,
     ) -> NVFP4LinearConfig:
         arch = "" if device.api == "cpu" else str(device.architecture_name)
-        return cls(n, k, act_dtype, str(device.api), arch, max_m, layout)
+        return cls(n, k, act_dtype, str(device.api), arch, max_m, layout, gemv_only)
 
     @property
     def cuda_capability(self) -> int:
@@ -287,9 +292,10 @@ def choose_kernel(config: NVFP4LinearConfig) -> type[NVFP4Kernel]:
         ok, why = kernel.can_implement(config)
         if ok:
             logger.info(
-                "NVFP4 [%d, %d] %s on %s %s: using %s (%s)%s",
+                "NVFP4 [%d, %d] %s on %s %s: using %s (%s)%s%s",
                 config.n, config.k, config.act_dtype, config.device_api, config.device_arch,
                 kernel.name, why,
+                "; GEMV at every M (ATTNQUANT_NVFP4_DISPATCH=gemv)" if config.gemv_only else "",
                 "; skipped " + "; ".join(skipped) if skipped else "",
             )  # fmt: skip
             return kernel
@@ -305,6 +311,7 @@ def nvfp4_linear(
     *,
     layout: WeightLayout = WeightLayout.MODELOPT,
     out_features: int | None = None,
+    gemv_only: bool = False,
 ) -> Tensor:
     """``x @ dequant(W).T`` (output in ``x``'s dtype), on the best backend for
     ``x``'s device, dtype and the weight's shape.
@@ -317,7 +324,7 @@ def nvfp4_linear(
     if layout is WeightLayout.SM90 and out_features is None:
         raise ValueError("prepared (sm90) weights are padded: pass out_features=N")
     n = int(packed.shape[0]) if out_features is None else out_features
-    config = NVFP4LinearConfig.for_device(n, k, x.dtype, x.device, layout=layout)
+    config = NVFP4LinearConfig.for_device(n, k, x.dtype, x.device, layout=layout, gemv_only=gemv_only)
     kernel = choose_kernel(config)
     lead = list(x.shape[:-1])
     x2 = x if x.rank == 2 else F.reshape(x, [-1, k])
@@ -372,7 +379,10 @@ def _gemv_or_dequant_matmul(
 def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor:
     """``small()`` for M <= GEMV_MAX_M, else ``large()``. Decided while
     building the graph when M is static (or ``config.max_m`` bounds it), at run
-    time with ``F.cond`` when M is symbolic."""
+    time with ``F.cond`` when M is symbolic; always ``small()`` (correct at
+    any M) with ``config.gemv_only``."""
+    if config.gemv_only:
+        return small()
     m = x.shape[0]
     bound = int(m) if is_static_dim(m) else config.max_m
     if bound is not None and bound <= GEMV_MAX_M:

@@ -38,6 +38,7 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
         self.layout = kernels.WeightLayout(part.layout)
         packed_shape, scale_shape = self.layout.shapes(n, k)
         self.per_row_scale = len(part.members) > 1
+        self.gemv_only = part.gemv_only
         self.weight = Tensor.zeros(packed_shape, dtype=DType.uint8)
         self.weight_scale = Tensor.zeros(scale_shape, dtype=DType.uint8)
         self.weight_scale_2 = Tensor.zeros(
@@ -47,7 +48,7 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
     def _linear(self, x: Tensor, global_scale: Tensor) -> Tensor:
         return kernels.nvfp4_linear(
             x, self.weight, self.weight_scale, global_scale,
-            layout=self.layout, out_features=self.out_features,
+            layout=self.layout, out_features=self.out_features, gemv_only=self.gemv_only,
         )  # fmt: skip
 
     def forward(self, x: Tensor) -> Tensor:

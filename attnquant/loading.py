@@ -90,7 +90,7 @@ def prepare_weights(
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
         served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
         runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
-        plan = lay_out_for_kernels(runtime, plan, dtype, device)
+        plan = lay_out_for_kernels(runtime, plan, dtype, device, gemv_only=config.nvfp4_dispatch == "gemv")
     else:
         served, hit = theta_tensors(tensors, config, num_layers), False
         # generated_linear is one dispatch per projection: nothing to fuse.
@@ -148,7 +148,12 @@ def assign_reconstruction(
 
 
 def lay_out_for_kernels(
-    state_dict: dict[str, torch.Tensor], plan: ProjectionPlan, dtype: DType, device: Device
+    state_dict: dict[str, torch.Tensor],
+    plan: ProjectionPlan,
+    dtype: DType,
+    device: Device,
+    *,
+    gemv_only: bool = False,
 ) -> ProjectionPlan:
     """Chooses each NVFP4 part's kernel and re-lays its bytes out for it, once.
 
@@ -160,14 +165,16 @@ def lay_out_for_kernels(
         new_parts = []
         for i, part in enumerate(parts):
             if part.kind == "nvfp4":
-                config = kernels.NVFP4LinearConfig.for_device(part.out_dim, part.in_dim, dtype, device)
+                config = kernels.NVFP4LinearConfig.for_device(
+                    part.out_dim, part.in_dim, dtype, device, gemv_only=gemv_only
+                )
                 kernel = kernels.choose_kernel(config)
                 name = part_name(group, i, len(parts))
                 packed, scales = kernel.prepare_weights(
                     state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"]
                 )
                 state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"] = packed, scales
-                part = dataclasses.replace(part, layout=kernel.layout.value)
+                part = dataclasses.replace(part, layout=kernel.layout.value, gemv_only=gemv_only)
             new_parts.append(part)
         laid_out[group] = tuple(new_parts)
     return laid_out

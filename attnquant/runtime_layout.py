@@ -59,6 +59,8 @@ class PartPlan:
     in_dim: int
     layout: str = "modelopt"
     """NVFP4 byte layout the chosen kernel reads (``attnquant.kernels.WeightLayout``)."""
+    gemv_only: bool = False
+    """NVFP4 parts: the GEMV kernel at every token count (``ATTNQUANT_NVFP4_DISPATCH=gemv``)."""
     rank: int = 0
     """Theta parts: the residual width (sum of the members' ranks; 0: none)."""
     shared_with: str = ""

@@ -17,7 +17,7 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
 # Issue #5: the end-to-end decode cells (capture pinned on every cell).
-E2E_CELLS="${E2E_CELLS-builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on attnquant-nvfp4:off}"
+E2E_CELLS="${E2E_CELLS-builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on attnquant-nvfp4:off attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"

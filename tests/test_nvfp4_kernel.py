@@ -314,3 +314,25 @@ def test_m_dispatch_with_module_weights() -> None:
         x = torch.randn(m, k)
         y = torch.from_dlpack(run(Tensor.from_dlpack(x))).double()
         assert rel_err(y, x.double() @ w.T) < 1e-5, f"M={m}"
+
+
+def test_gemv_only_skips_the_m_branch() -> None:
+    """ATTNQUANT_NVFP4_DISPATCH=gemv: the GEMV at every M, no F.cond built
+    (M symbolic here; the GEMV kernels are correct at any M)."""
+    from types import SimpleNamespace
+
+    from max.dtype import DType
+
+    x = SimpleNamespace(shape=["m", 64])
+    calls: list[str] = []
+
+    def branch(name: str):
+        return lambda: calls.append(name) or name
+
+    gemv_only = K.NVFP4LinearConfig(24, 64, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
+    assert K._dispatch_on_m(x, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
+    static_large = SimpleNamespace(shape=[40, 64])
+    assert K._dispatch_on_m(static_large, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
+    auto = K.NVFP4LinearConfig(24, 64, DType.bfloat16, "cuda", "sm_90a")
+    assert K._dispatch_on_m(static_large, auto, branch("gemv"), branch("dequant")) == "dequant"
+    assert calls == ["gemv", "gemv", "dequant"]

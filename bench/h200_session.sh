@@ -6,6 +6,8 @@
 #   source /root/max-env.sh; bash bench/h200_session.sh wait    # wait again, collect
 #   source /root/max-env.sh; bash bench/h200_session.sh start-gemma4  # optional, later
 #   bash bench/h200_session.sh collect                               # copy what is there, now
+#   bash bench/h200_session.sh stop                                  # end it (servers included), collect
+# (never put a pkill -f pattern in the device command line itself: it matches its own shell)
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
 # GPU 0; phases one after another (end-to-end cells with the kernel check,
 # then the in-graph cells GROUP at a time); a lock keeps timings from overlapping.
@@ -97,11 +99,14 @@ case "${1:-}" in
     setsid nohup bash "$0" run-gemma4 > "$WORK/gemma4-session.log" 2>&1 < /dev/null &
     sleep 5; exec bash "$0" wait ;;
   collect) collect ;;  # now, without waiting
+  stop)  # end the experiment: each harness stops its servers' process groups
+    pkill -f "h200_session.sh run"; pkill -f "generated_linear_h200.py"
+    pkill -TERM -f "serve_benchmark.py"; sleep 20; collect ;;
   wait)
     deadline=$(( SECONDS + ${WAIT_S:-540} ))
     while ! finished && (( SECONDS < deadline )); do sleep 10; done
     collect ;;
   run) run ;;
   run-gemma4) run_gemma4 ;;
-  *) echo "usage: $0 start|start-gemma4|wait|collect" >&2; exit 2 ;;
+  *) echo "usage: $0 start|start-gemma4|wait|collect|stop" >&2; exit 2 ;;
 esac

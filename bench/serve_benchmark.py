@@ -248,6 +248,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
     args = parser.parse_args()
+    # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
+    # which stops every server's process group (model workers included).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cells = [Cell.parse(spec) for spec in args.cells]
     rows: list[dict] = []
     texts: dict[str, list[str]] = {}

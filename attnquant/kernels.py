@@ -47,7 +47,6 @@ from max.experimental.tensor import Tensor
 from max.graph import DeviceRef, Graph, TensorType
 
 from attnquant import matmul
-from attnquant.matmul import is_static_dim
 from kernels import OPS_PATH
 from kernels.sm90_layout import (
     BLOCK,
@@ -384,17 +383,15 @@ def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor
     if config.gemv_only:
         return small()
     m = x.shape[0]
-    bound = int(m) if is_static_dim(m) else config.max_m
+    bound = int(m) if matmul.is_static_dim(m) else config.max_m
     if bound is not None and bound <= GEMV_MAX_M:
         return small()
-    if is_static_dim(m):
+    if matmul.is_static_dim(m):
         return large()
     pred = F.shape_to_tensor([m])[0] <= GEMV_MAX_M
     out = TensorType(x.dtype, [m, config.n], DeviceRef.from_device(x.device))
     (y,) = F.cond(pred, [out], small, large)
     return y
-
-
 
 
 def describe(config: NVFP4LinearConfig) -> str:

@@ -136,11 +136,11 @@ def assign_reconstruction(
 ) -> ProjectionPlan:
     """Records the in-graph path on every theta part (``generated-mlp`` marks
     MLP parts that one fused ``generated_mlp`` dispatch serves)."""
+    fuse_mlp = path is ReconstructionPath.GENERATED and fused_mlp
     assigned: ProjectionPlan = {}
     for group, parts in plan.items():
-        value = path.value
-        if path is ReconstructionPath.GENERATED and fused_mlp and group.endswith(("mlp.gate_up_proj", "mlp.down_proj")):
-            value = GENERATED_MLP
+        is_mlp = group.endswith(("mlp.gate_up_proj", "mlp.down_proj"))
+        value = GENERATED_MLP if fuse_mlp and is_mlp else path.value
         assigned[group] = tuple(
             dataclasses.replace(p, reconstruction=value) if p.kind == "theta" else p for p in parts
         )

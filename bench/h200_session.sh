@@ -34,10 +34,10 @@ $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
 $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
 $IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
 
-bench() {  # bench NAME NICE MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
-  local name=$1 niceness=$2 model=$3 fraction=$4 port=$5 prompts=$6; shift 6
+bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
+  local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
   mkdir -p "$WORK/$name"
-  nice -n "$niceness" python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
+  python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
     --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --num-prompts "$prompts" \
     --memory-fraction "$fraction" --port-base "$port" --gpu-lock "$LOCK" \
     --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
@@ -50,7 +50,7 @@ run() {
   # Phase 1: the end-to-end cells, few servers (capture backs its memory up
   # front; with thirteen servers on the card every capture failed).
   # shellcheck disable=SC2086
-  [ -n "$E2E_CELLS" ] && bench e2e 0 "$WORK/g3-model" "${G3_FRACTION:-0.1}" 8100 8 $E2E_CELLS
+  [ -n "$E2E_CELLS" ] && bench e2e "$WORK/g3-model" "${G3_FRACTION:-0.1}" 8100 8 $E2E_CELLS
   # The generated_linear check and timing, on an idle card.
   if [ "${KERNEL_BENCH:-1}" = 1 ]; then
     flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" python3 "$HERE/generated_linear_h200.py" \
@@ -59,7 +59,7 @@ run() {
   # Phase 2: the in-graph cells, GROUP at a time.
   local cells=($INGRAPH_CELLS) i
   for (( i = 0; i < ${#cells[@]}; i += ${GROUP:-4} )); do
-    bench "ingraph$i" 0 "$WORK/g3-model" "${G3_FRACTION:-0.1}" $(( 8300 + i )) "${INGRAPH_PROMPTS:-8}" "${cells[@]:i:${GROUP:-4}}"
+    bench "ingraph$i" "$WORK/g3-model" "${G3_FRACTION:-0.1}" $(( 8300 + i )) "${INGRAPH_PROMPTS:-8}" "${cells[@]:i:${GROUP:-4}}"
   done
   touch "$WORK/done"
 }
@@ -71,7 +71,7 @@ run_gemma4() {  # a later, separate start on the same machine: shares the lock
   # needs 29.9 GiB of weights + 15 GiB of activations (docs/throughput.md).
   python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
   # shellcheck disable=SC2086
-  bench gemma4 0 "$WORK/g4-model" "${G4_FRACTION:-0.42}" 8500 8 ${G4_CELLS:-builtin-bf16:off attnquant-nvfp4:off}
+  bench gemma4 "$WORK/g4-model" "${G4_FRACTION:-0.42}" 8500 8 ${G4_CELLS:-builtin-bf16:off attnquant-nvfp4:off}
   touch "$WORK/g4-done"
 }
 

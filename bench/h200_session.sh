@@ -9,10 +9,13 @@
 #   bash bench/h200_session.sh stop                                  # end it (servers included), collect
 # (never put a pkill -f pattern in the device command line itself: it matches its own shell)
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
-# GPU 0; phases one after another (end-to-end cells, the generated_linear
-# kernel check, the in-graph cells GROUP at a time); a lock keeps timings from overlapping.
-# Override: E2E_CELLS, INGRAPH_CELLS, GROUP (4), G3_FRACTION (0.1), G4_CELLS,
-# G4_LAYERS (30), G4_FRACTION (0.42), SESSIONS (2), TRIALS (3 per session), KERNEL_BENCH (1), WAIT_S (540).
+# GPU 0. The end-to-end harness starts first; once its first server is up (MAX's
+# kernel libraries compiled), the in-graph harness starts beside it, so both
+# compile at once; a lock keeps timings from overlapping. The generated_linear
+# kernel check runs last, on an idle card (KERNEL_BENCH=1).
+# Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.05), MM_PERCENT (10; empty:
+# MAX's default), G4_CELLS, G4_LAYERS (30), G4_FRACTION (0.42), SESSIONS (2),
+# TRIALS (3 per session), KERNEL_BENCH (0), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
 OUT="${OUT:-/tmp/out}"
@@ -20,52 +23,63 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
 # Issue #5: the end-to-end decode cells (capture pinned on every cell).
 # NVFP4 + capture first: the harness starts the first cell alone, so it captures
-# before any other server is resident.
-E2E_CELLS="${E2E_CELLS-attnquant-nvfp4:on builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:off attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
+# before any other server is resident. The DISPATCH=gemv pair has no F.cond.
+E2E_CELLS="${E2E_CELLS-attnquant-nvfp4:on builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:off \
+attnquant-nvfp4:on+ATTNQUANT_NVFP4_DISPATCH=gemv attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
+# The three paths at G=13 R=4, and the GEMM path at R=32.
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
-INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
+INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
 $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
-$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
+$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32}"
 
-bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
+bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...  (HARNESS_ARGS: extra flags)
   local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
   mkdir -p "$WORK/$name"
-  python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
+  # shellcheck disable=SC2086
+  python3 "$HERE/serve_benchmark.py" ${HARNESS_ARGS:-} --model "$model" --cells "$@" \
     --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --num-prompts "$prompts" \
     --memory-fraction "$fraction" --port-base "$port" --gpu-lock "$LOCK" \
     --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
 }
 
-run() {
+memory_env() {
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
+  # MAX's VMM allocator backs memory up front for device graph capture; with
+  # several servers on one card, capture failed in vmmCreate (OOM). Each
+  # process's arena is capped to MM_PERCENT of the card.
+  [ -n "${MM_PERCENT-10}" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT-10}"
+  # What each process holds, every 20 s (the evidence if capture fails again).
+  ( while sleep 20; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+      nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; done ) >> "$WORK/gpumem.log" 2>&1 &
+}
+
+run() {
+  memory_env
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
-  # Phase 1: the end-to-end cells, few servers (capture backs its memory up
-  # front; with thirteen servers on the card every capture failed).
+  local fraction="${G3_FRACTION:-0.05}" e2e=""
   # shellcheck disable=SC2086
-  [ -n "$E2E_CELLS" ] && bench e2e "$WORK/g3-model" "${G3_FRACTION:-0.1}" 8100 8 $E2E_CELLS
-  # The generated_linear check and timing, on an idle card.
-  if [ "${KERNEL_BENCH:-1}" = 1 ]; then
+  if [ -n "$E2E_CELLS" ]; then
+    bench e2e "$WORK/g3-model" "$fraction" 8100 8 $E2E_CELLS & e2e=$!
+    # The in-graph servers start once the e2e harness's first server is up (two
+    # first compiles of one MAX kernel library race: "file too short").
+    until grep -qE "^(ready|FAILED)" "$WORK/e2e-table.txt" 2>/dev/null || ! kill -0 "$e2e" 2>/dev/null; do sleep 5; done
+  fi
+  # shellcheck disable=SC2086
+  [ -n "$INGRAPH_CELLS" ] && HARNESS_ARGS=--no-first-alone bench ingraph "$WORK/g3-model" "$fraction" 8300 8 $INGRAPH_CELLS
+  [ -n "$e2e" ] && wait "$e2e"
+  if [ "${KERNEL_BENCH:-0}" = 1 ]; then  # the generated_linear check and timing, on an idle card
     flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" python3 "$HERE/generated_linear_h200.py" \
       --out "$WORK/genlin" > "$WORK/genlin.txt" 2>&1
   fi
-  # Phase 2: the in-graph cells, GROUP at a time.
-  local cells=($INGRAPH_CELLS) i
-  for (( i = 0; i < ${#cells[@]}; i += ${GROUP:-4} )); do
-    bench "ingraph$i" "$WORK/g3-model" "${G3_FRACTION:-0.1}" $(( 8300 + i )) "${INGRAPH_PROMPTS:-8}" "${cells[@]:i:${GROUP:-4}}"
-  done
   touch "$WORK/done"
 }
 
 run_gemma4() {  # a later, separate start on the same machine: shares the lock
-  export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
+  memory_env
   # 30 layers: the bytes-per-token ceiling of NVFP4-all over bf16 is 2.90x
   # there (1.94x at 6 layers: the bf16 LM head dominates), and MAX's built-in
   # needs 29.9 GiB of weights + 15 GiB of activations (docs/throughput.md).
@@ -89,6 +103,7 @@ collect() {  # at most 8 files come back
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" | grep -v "^INFO.*HTTP" | tail -25
   done > "$OUT/server-logs.txt" 2>/dev/null
   cat "$WORK"/gemma4-session.log >> "$OUT/session.txt" 2>/dev/null
+  tail -n 400 "$WORK/gpumem.log" > "$OUT/gpumem.txt" 2>/dev/null
   finished && echo "experiment done" || echo "experiment still running"
   tail -n 30 "$WORK"/*-table.txt "$WORK"/genlin.txt 2>/dev/null
 }

@@ -163,7 +163,7 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
             servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction, args.threads), port, log)
-            if i == 0 and session == 0 and len(cells) > 1:
+            if i == 0 and session == 0 and len(cells) > 1 and args.first_alone:
                 # The first server alone fills MAX's kernel caches (two first
                 # compiles of one kernel library race: "file too short").
                 with contextlib.suppress(RuntimeError, TimeoutError):
@@ -247,6 +247,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
+    parser.add_argument(
+        "--first-alone", action=argparse.BooleanOptionalAction, default=True,
+        help="start the first server of the first session before the others (off once MAX's kernels are compiled)",
+    )  # fmt: skip
     args = parser.parse_args()
     # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
     # which stops every server's process group (model workers included).

@@ -24,6 +24,7 @@ from attnquant import kernels
 from attnquant.cache import CacheKey, QuantizedWeightCache
 from attnquant.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
+from attnquant.matmul import MIN_INNER_MULTIPLE
 from attnquant.projections import find_projections
 from attnquant.reconstruct import precompute_outside
 from attnquant.reconstruction_path import GENERATED_MLP, PathChoice, ReconstructionPath, choose_path
@@ -98,6 +99,8 @@ def prepare_weights(
         runtime, plan = to_runtime_layout(
             served, fuse=config.qkv_fuse and not generated, dtype=torch_dtype(dtype),
             theta_factor_dtype=torch.float32 if generated else None,
+            # The GEMM and fold paths multiply by U with MAX's matmul (K = rank).
+            theta_rank_multiple=1 if generated else MIN_INNER_MULTIPLE,
         )  # fmt: skip
         plan = assign_reconstruction(plan, choice.path, fused_mlp=config.fused_mlp)
     summary = _summary(

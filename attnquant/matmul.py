@@ -32,6 +32,17 @@ SM90_SPLIT_K_SHAPES: frozenset[tuple[int, int]] = frozenset(
 )
 """[N, K] of W with split-K entries in MAX 26.7's SM90 bf16 tuning tables."""
 
+MIN_INNER_MULTIPLE = 32
+"""Inner (K) widths of our matmuls with a small K are padded to this multiple.
+
+MAX 26.7's SM90 bf16 matmul does not compile for a small K: ``[M, 12] @
+[12, 1536]`` stops at ``sm90/tile_loader.mojo:501: Global memory tile must
+match source layout element count`` (virtual sm_90a, 2026-12-01; N = 12
+compiles). The theta residual ``(x V) U^T`` has K = the rank: on the H200,
+rank 4 failed to compile and rank 32 (K = 32, 64, 96) compiled and served.
+``runtime_layout`` pads U and V with zero columns to a multiple of this,
+which leaves the product unchanged."""
+
 
 def needs_row_split(n: int, k: int, dtype: DType, device_api: str, m_is_static: bool) -> bool:
     """Whether ``x @ W.T`` (W [N, K]) would reach MAX 26.7's uncompilable

@@ -62,7 +62,8 @@ class PartPlan:
     gemv_only: bool = False
     """NVFP4 parts: the GEMV kernel at every token count (``ATTNQUANT_NVFP4_DISPATCH=gemv``)."""
     rank: int = 0
-    """Theta parts: the residual width (sum of the members' ranks; 0: none)."""
+    """Theta parts: the residual width (sum of the members' ranks, padded as
+    ``to_runtime_layout`` was asked; 0: none)."""
     shared_with: str = ""
     """Theta parts: the part whose ``w0`` this part's ``w0`` is (itself if first)."""
     reconstruction: str = ""
@@ -176,8 +177,11 @@ def _fuse_theta(
     factor_dtype: torch.dtype,
     shared: _SharedBlocks,
     name: str,
+    rank_multiple: int,
 ) -> tuple[dict[str, torch.Tensor], str]:
-    """Stacks theta members; returns the tensors and the owner of their ``w0``."""
+    """Stacks theta members; returns the tensors and the owner of their ``w0``.
+    The residual width is padded with zero columns of U and V to a multiple
+    of ``rank_multiple`` (the product ``(x V) U^T`` does not change)."""
     w0, owner = shared.fuse([sd.pop(f"{m}.w0") for m in modules], dtype, name)
     scales = [sd.pop(f"{m}.scale") for m in modules]
     tensors = {"w0": w0, "scale": torch.cat(scales).to(factor_dtype)}
@@ -188,8 +192,10 @@ def _fuse_theta(
         # A member without a residual is a zero-width block.
         us = [torch.zeros(s.shape[0], 0) if u is None else u for u, s in zip(us, scales, strict=True)]
         vs = [torch.zeros(k, 0) if v is None else v for v in vs]
-        tensors["u"] = torch.block_diag(*us).to(factor_dtype)
-        tensors["v"] = torch.cat(vs, dim=1).to(factor_dtype)
+        u, v = torch.block_diag(*us), torch.cat(vs, dim=1)
+        pad = -u.shape[1] % rank_multiple
+        tensors["u"] = torch.nn.functional.pad(u, (0, pad)).to(factor_dtype)
+        tensors["v"] = torch.nn.functional.pad(v, (0, pad)).to(factor_dtype)
     return tensors, owner
 
 
@@ -204,12 +210,16 @@ def to_runtime_layout(
     fuse: bool,
     dtype: torch.dtype,
     theta_factor_dtype: torch.dtype | None = None,
+    theta_rank_multiple: int = 1,
 ) -> tuple[dict[str, torch.Tensor], ProjectionPlan]:
     """Fuses projection groups; casts dense floating tensors to ``dtype``.
 
     Theta ``scale``/``u``/``v`` go to ``theta_factor_dtype`` (default
     ``dtype``: the GEMM formulation computes in the input dtype; the
-    generated_linear kernel takes them in float32)."""
+    generated_linear kernel takes them in float32). Each theta part's
+    residual width (its plan's ``rank``) is padded to a multiple of
+    ``theta_rank_multiple`` (``attnquant.matmul.MIN_INNER_MULTIPLE`` for the
+    paths that multiply by U with MAX's matmul)."""
     factor_dtype = dtype if theta_factor_dtype is None else theta_factor_dtype
     sd = dict(state_dict)
     blocks = sorted({m.group("block") for k in sd if (m := _BLOCK_RE.match(k))})
@@ -227,8 +237,11 @@ def to_runtime_layout(
                 modules = [f"{block}.{m}" for m in part.members]
                 name = part_name(f"{block}.{group}", i, len(parts))
                 if part.kind == "theta":
-                    tensors, owner = _fuse_theta(sd, modules, dtype, factor_dtype, shared, name)
-                    part = dataclasses.replace(part, shared_with=owner)
+                    tensors, owner = _fuse_theta(
+                        sd, modules, dtype, factor_dtype, shared, name, theta_rank_multiple
+                    )
+                    rank = tensors["u"].shape[1] if "u" in tensors else 0
+                    part = dataclasses.replace(part, shared_with=owner, rank=rank)
                 elif part.kind == "nvfp4":
                     tensors = _fuse_nvfp4(sd, modules)
                 else:

@@ -13,9 +13,10 @@
 # kernel libraries compiled), the in-graph harness starts beside it, so both
 # compile at once; a lock keeps timings from overlapping. The generated_linear
 # kernel check runs last, on an idle card (KERNEL_BENCH=1).
-# Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.05), MM_PERCENT (10; empty:
-# MAX's default), G4_CELLS, G4_LAYERS (30), G4_FRACTION (0.42), SESSIONS (2),
-# TRIALS (3 per session), KERNEL_BENCH (0), WAIT_S (540).
+# Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.5: MAX applies it to the
+# capped arena), MM_PERCENT (10; empty: MAX's default), G4_MM_PERCENT (empty),
+# G4_CELLS, G4_LAYERS (30), G4_FRACTION (0.42), SESSIONS (2), TRIALS (3 per
+# session), KERNEL_BENCH (0), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
 OUT="${OUT:-/tmp/out}"
@@ -28,12 +29,17 @@ E2E_CELLS="${E2E_CELLS-attnquant-nvfp4:on builtin-bf16:off attnquant-bf16:on att
 attnquant-nvfp4:on+ATTNQUANT_NVFP4_DISPATCH=gemv attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
-# The three paths at G=13 R=4, and the GEMM path at R=32.
+# Capture-on servers each back their whole arena (~13 GB at MM_PERCENT=10):
+# with the e2e harness's three, six in-graph cells fill the card.
+# Run 3 measured generated_linear at G=13 R=4; GEMM and fold at R=4 needed the
+# rank padding (attnquant.matmul.MIN_INNER_MULTIPLE).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
-INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32}"
+INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
+$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
 
 bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...  (HARNESS_ARGS: extra flags)
   local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
@@ -45,22 +51,22 @@ bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...  (HARNESS_AR
     --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
 }
 
-memory_env() {
+memory_env() {  # memory_env ARENA_PERCENT (empty: MAX's default arena)
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
-  # MAX's VMM allocator backs memory up front for device graph capture; with
-  # several servers on one card, capture failed in vmmCreate (OOM). Each
-  # process's arena is capped to MM_PERCENT of the card.
-  [ -n "${MM_PERCENT-10}" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT-10}"
+  # A capture-on server backs its whole memory-manager arena up front (most of
+  # the card by default), so the next one failed in vmmCreate (OOM). Capped,
+  # ten servers fit (docs/throughput.md, run 3).
+  [ -n "$1" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="$1"
   # What each process holds, every 20 s (the evidence if capture fails again).
   ( while sleep 20; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
       nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; done ) >> "$WORK/gpumem.log" 2>&1 &
 }
 
 run() {
-  memory_env
+  memory_env "${MM_PERCENT-10}"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
-  local fraction="${G3_FRACTION:-0.05}" e2e=""
+  local fraction="${G3_FRACTION:-0.5}" e2e=""  # of the capped arena
   # shellcheck disable=SC2086
   if [ -n "$E2E_CELLS" ]; then
     bench e2e "$WORK/g3-model" "$fraction" 8100 8 $E2E_CELLS & e2e=$!
@@ -79,7 +85,7 @@ run() {
 }
 
 run_gemma4() {  # a later, separate start on the same machine: shares the lock
-  memory_env
+  memory_env "${G4_MM_PERCENT-}"  # capture off there: a 32 GB checkpoint needs the default arena
   # 30 layers: the bytes-per-token ceiling of NVFP4-all over bf16 is 2.90x
   # there (1.94x at 6 layers: the bf16 LM head dominates), and MAX's built-in
   # needs 29.9 GiB of weights + 15 GiB of activations (docs/throughput.md).

@@ -108,11 +108,14 @@ def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float
 
 def run_trial(model: Path, port: int, result: Path, num_prompts: int) -> dict:
     args = [
-        sys.executable, "-c", MAX_CLI, "benchmark", "--model", str(model),
+        # MAX's benchmark, its tokenizer pool in-process (see that file: the
+        # pool's process spawns cost 60-70 s per trial on the H200 host).
+        sys.executable, str(REPO / "bench" / "max_benchmark_inprocess.py"), "--model", str(model),
         "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
         "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", "1",
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
         "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
+        "--log-dir", str(result.parent / "benchmark-logs"),
     ]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:

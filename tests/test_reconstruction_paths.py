@@ -168,6 +168,32 @@ def build_stack(plan):
         return Stack()
 
 
+@pytest.mark.parametrize("gemm", [True, False])
+def test_matmul_paths_pad_the_residual_width(gemm: bool) -> None:
+    """GEMM/fold multiply by U with MAX's matmul, which cannot compile a small
+    inner width on the H200: U and V get zero columns up to a multiple of
+    MIN_INNER_MULTIPLE. The generated op reads the exact rank. (That the padded
+    graph computes the same product: test_path_matches_precompute_outside.)"""
+    from max.driver import CPU
+    from max.dtype import DType
+
+    from attnquant import loading
+    from attnquant.matmul import MIN_INNER_MULTIPLE
+    from attnquant.runtime_layout import part_name
+
+    config = dataclasses.replace(BASE, gemm=gemm, blocks=1, rank=3, fused_mlp=False)
+    prepared = loading.prepare_weights(
+        checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
+    )
+    for group, parts in prepared.plan.items():
+        for i, part in enumerate(parts):
+            name = part_name(group, i, len(parts))
+            u, v = prepared.state_dict[f"{name}.u"], prepared.state_dict[f"{name}.v"]
+            exact = config.rank * len(part.members)
+            assert part.rank == u.shape[1] == v.shape[1] == (MIN_INNER_MULTIPLE if gemm else exact)
+            assert u[:, :exact].any() and not u[:, exact:].any() and not v[:, exact:].any()
+
+
 CASES = {  # together: every path, fused and unfused groups, R = 0 and R > 0, shared and passthrough
     "gemm-G1-R3": dict(gemm=True, blocks=1, rank=3),
     "fold-G1-R0-unfused": dict(precompute=True, blocks=1, rank=0, qkv_fuse=False),

@@ -9,10 +9,9 @@
 #   bash bench/h200_session.sh stop                                  # end it (servers included), collect
 # (never put a pkill -f pattern in the device command line itself: it matches its own shell)
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
-# GPU 0. The end-to-end harness starts first; once its first server is up (MAX's
-# kernel libraries compiled), the in-graph harness starts beside it, so both
-# compile at once; a lock keeps timings from overlapping. The generated_linear
-# kernel check runs last, on an idle card (KERNEL_BENCH=1).
+# GPU 0. One harness run for all Gemma 3 cells: every server is up before the
+# first trial (in run 3 a trial beside nine compiling servers ran at 40 %).
+# The generated_linear kernel check runs last, on an idle card (KERNEL_BENCH=1).
 # Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.5: MAX applies it to the
 # capped arena), MM_PERCENT (10; empty: MAX's default), G4_MM_PERCENT (empty),
 # G4_CELLS, G4_LAYERS (30), G4_FRACTION (0.42), SESSIONS (2), TRIALS (3 per
@@ -23,14 +22,14 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
 # Issue #5: the end-to-end decode cells (capture pinned on every cell).
-# NVFP4 + capture first: the harness starts the first cell alone, so it captures
-# before any other server is resident. The DISPATCH=gemv pair has no F.cond.
+# NVFP4 + capture first (the harness starts the first cell alone). NVFP4 capture
+# off with DISPATCH=gemv (no F.cond) is the A/B for capture-off NVFP4's slowness.
 E2E_CELLS="${E2E_CELLS-attnquant-nvfp4:on builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:off \
-attnquant-nvfp4:on+ATTNQUANT_NVFP4_DISPATCH=gemv attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
+attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
 # Capture-on servers each back their whole arena (~13 GB at MM_PERCENT=10):
-# with the e2e harness's three, six in-graph cells fill the card.
+# with the two e2e ones, six in-graph cells fill the card.
 # Run 3 measured generated_linear at G=13 R=4; GEMM and fold at R=4 needed the
 # rank padding (attnquant.matmul.MIN_INNER_MULTIPLE).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
@@ -41,11 +40,10 @@ $IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
 $IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
 $IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
 
-bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...  (HARNESS_ARGS: extra flags)
+bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
   local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
   mkdir -p "$WORK/$name"
-  # shellcheck disable=SC2086
-  python3 "$HERE/serve_benchmark.py" ${HARNESS_ARGS:-} --model "$model" --cells "$@" \
+  python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
     --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --num-prompts "$prompts" \
     --memory-fraction "$fraction" --port-base "$port" --gpu-lock "$LOCK" \
     --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
@@ -66,17 +64,8 @@ run() {
   memory_env "${MM_PERCENT-10}"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
-  local fraction="${G3_FRACTION:-0.5}" e2e=""  # of the capped arena
   # shellcheck disable=SC2086
-  if [ -n "$E2E_CELLS" ]; then
-    bench e2e "$WORK/g3-model" "$fraction" 8100 8 $E2E_CELLS & e2e=$!
-    # The in-graph servers start once the e2e harness's first server is up (two
-    # first compiles of one MAX kernel library race: "file too short").
-    until grep -qE "^(ready|FAILED)" "$WORK/e2e-table.txt" 2>/dev/null || ! kill -0 "$e2e" 2>/dev/null; do sleep 5; done
-  fi
-  # shellcheck disable=SC2086
-  [ -n "$INGRAPH_CELLS" ] && HARNESS_ARGS=--no-first-alone bench ingraph "$WORK/g3-model" "$fraction" 8300 8 $INGRAPH_CELLS
-  [ -n "$e2e" ] && wait "$e2e"
+  bench gemma3 "$WORK/g3-model" "${G3_FRACTION:-0.5}" 8100 8 $E2E_CELLS $INGRAPH_CELLS  # 0.5 of the capped arena
   if [ "${KERNEL_BENCH:-0}" = 1 ]; then  # the generated_linear check and timing, on an idle card
     flock "$LOCK" timeout "${KERNEL_BENCH_S:-480}" python3 "$HERE/generated_linear_h200.py" \
       --out "$WORK/genlin" > "$WORK/genlin.txt" 2>&1

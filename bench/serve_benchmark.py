@@ -4,7 +4,9 @@
 --trials 3 --out results.jsonl`` runs, for each server session, one server per
 cell (all start and compile at once), then one server at a time, ``--trials``
 runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
-``--num-prompts`` prompts, temperature 0); it appends one JSON line per trial,
+``--num-prompts`` prompts, temperature 0; through
+``bench/max_benchmark_inprocess.py``: MAX's benchmark, a cell's trials in one
+process); it appends one JSON line per trial,
 stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
 each cell's greedy 48-token completion with the first cell's and with its
@@ -106,12 +108,17 @@ def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float
     raise TimeoutError(f"not ready in {timeout_s:.0f}s:\n{log.read_text()[-2500:]}")
 
 
-def run_trial(model: Path, port: int, result: Path, num_prompts: int) -> dict:
+def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int) -> list[dict]:
+    """``trials`` runs of MAX's benchmark in one process; their result files,
+    in order (fewer than asked when a run failed, with the error printed)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from max_benchmark_inprocess import trial_results
+
     args = [
         # MAX's benchmark, its tokenizer pool in-process (see that file: the
         # pool's process spawns cost 60-70 s per trial on the H200 host).
-        sys.executable, str(REPO / "bench" / "max_benchmark_inprocess.py"), "--model", str(model),
-        "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
+        sys.executable, str(REPO / "bench" / "max_benchmark_inprocess.py"), "--repeat", str(trials),
+        "--model", str(model), "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
         "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", "1",
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
         "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
@@ -119,8 +126,9 @@ def run_trial(model: Path, port: int, result: Path, num_prompts: int) -> dict:
     ]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"max benchmark failed ({done.returncode}):\n{done.stderr[-2500:]}")
-    return json.loads(result.read_text())
+        print(f"FAILED max benchmark ({done.returncode}):\n{done.stderr[-2500:]}", flush=True)
+    files = [f for f in trial_results(result, trials) if f.exists()]
+    return [{**json.loads(f.read_text()), "unix_time": round(f.stat().st_mtime, 1)} for f in files]
 
 
 def greedy_text(port: int, model: Path, prompt: str, tokens: int) -> str:
@@ -166,7 +174,7 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
             servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction, args.threads), port, log)
-            if i == 0 and session == 0 and len(cells) > 1 and args.first_alone:
+            if i == 0 and session == 0 and len(cells) > 1:
                 # The first server alone fills MAX's kernel caches (two first
                 # compiles of one kernel library race: "file too short").
                 with contextlib.suppress(RuntimeError, TimeoutError):
@@ -195,20 +203,15 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
 
 
 def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
-    logs = args.out.parent
-    for trial in range(args.trials):
-        try:
-            r = run_trial(args.model, port, logs / f"bench-{cell.slug}-{session}-{trial}.json", args.num_prompts)
-        except RuntimeError as error:
-            print(f"FAILED trial {cell.spec} session {session}: {error}", flush=True)
-            break
+    result = args.out.parent / f"bench-{cell.slug}-{session}.json"
+    for trial, r in enumerate(run_trials(args.model, port, result, args.num_prompts, args.trials)):
         row = {
             "cell": cell.spec, "session": session, "trial": trial,
             # At concurrency 1: generated tokens over the trial's wall time.
             "output_tok_s": r["total_output_tokens"] / r["duration"],
             "mean_tpot_ms": r.get("mean_tpot_ms"),
             "mean_ttft_ms": r.get("mean_ttft_ms"),
-            "unix_time": round(time.time(), 1),
+            "unix_time": r["unix_time"],
         }  # fmt: skip
         rows.append(row)
         with args.out.open("a") as f:
@@ -250,10 +253,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
-    parser.add_argument(
-        "--first-alone", action=argparse.BooleanOptionalAction, default=True,
-        help="start the first server of the first session before the others (off once MAX's kernels are compiled)",
-    )  # fmt: skip
     args = parser.parse_args()
     # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
     # which stops every server's process group (model workers included).

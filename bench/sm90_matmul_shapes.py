@@ -51,10 +51,21 @@ def compile_attnquant(session, n: int, k: int, m: int | str) -> None:
     compilation.compile(matmul.linear, session=session)(*types)
 
 
-def constraint(error: Exception) -> str:
-    text = str(error)
+def error_text(error: BaseException) -> str:
+    """The error and its causes (MAX wraps the compiler's message)."""
+    parts, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n  caused by ".join(parts)
+
+
+def constraint(error: BaseException) -> str:
+    """The compiler's constraint message, with its context, or the error's end."""
+    text = error_text(error)
     at = text.find("constraint")
-    return text[max(0, at - 200) : at + 300] if at >= 0 else text[-400:]
+    return text[max(0, at - 600) : at + 900] if at >= 0 else text[-1500:]
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
 memory_env() {  # memory_env ARENA_PERCENT (empty: MAX's default arena)
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
   # A capture-on server backs its whole memory-manager arena up front; uncapped,
-  # the next one failed in vmmCreate (OOM). Capped, ten servers fit
+  # the next one failed in vmmCreate (OOM). Capped, eight servers (five capturing) fit
   # (docs/throughput.md, run 3).
   [ -n "$1" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="$1"
   # What each process holds, every 20 s (the evidence if capture fails again).

@@ -55,9 +55,12 @@ memory_env() {  # memory_env ARENA_PERCENT (empty: MAX's default arena)
   # the next one failed in vmmCreate (OOM). Capped, eight servers (five capturing) fit
   # (docs/throughput.md, run 3).
   [ -n "$1" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="$1"
-  # What each process holds, every 20 s (the evidence if capture fails again).
+  # What each process holds, every 20 s (the evidence if capture fails again);
+  # one logger per machine, though run and run-gemma4 both come here.
+  [ -e "$WORK/gpumem.pid" ] && return
   ( while sleep 20; do date +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
       nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; done ) >> "$WORK/gpumem.log" 2>&1 &
+  echo $! > "$WORK/gpumem.pid"
 }
 
 run() {

@@ -46,6 +46,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from max_benchmark_inprocess import trial_results  # this directory; imports no MAX
+
 REPO = Path(__file__).resolve().parents[1]
 MAX_CLI = "import sys; from max._entrypoints.pipelines import main; sys.argv[0] = 'max'; sys.exit(main())"
 OURS = [sys.executable, str(REPO / "run_max.py")]
@@ -111,9 +113,6 @@ def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float
 def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int) -> list[dict]:
     """``trials`` runs of MAX's benchmark in one process; their result files,
     in order (fewer than asked when a run failed, with the error printed)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from max_benchmark_inprocess import trial_results
-
     args = [
         # MAX's benchmark, its tokenizer pool in-process (see that file: the
         # pool's process spawns cost 60-70 s per trial on the H200 host).

@@ -150,6 +150,13 @@ SETTINGS: tuple[Setting, ...] = (
         "kernel at every token count (no branch; prefill re-reads the weights every 16 tokens).",
     ),
     Setting(
+        "ATTNQUANT_GEMMA4_GRAPH_CAPTURE", "gemma4_graph_capture", _parse_bool, _constant(False),
+        "0", _BOOL,
+        "Declare device graph capture for our Gemma 4 text models (read when the "
+        "architectures register). Off until it is checked on a GPU; with 1, MAX "
+        "captures decode steps by default on CUDA (--no-device-graph-capture turns it off).",
+    ),
+    Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
@@ -200,6 +207,7 @@ class AttnQuantConfig:
     quant_ignore: tuple[str, ...] = ()
     scale_search: Literal["rtn", "mse"] = "rtn"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
+    gemma4_graph_capture: bool = False
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True

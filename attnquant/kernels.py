@@ -394,6 +394,23 @@ def _dispatch_on_m(x: Tensor, config: NVFP4LinearConfig, small, large) -> Tensor
     return y
 
 
+def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | None) -> str | None:
+    """A warning when NVFP4 projections on a GPU keep their per-projection
+    token-count branch (``ATTNQUANT_NVFP4_DISPATCH=auto``) and the server runs
+    without device graph capture: uncaptured, every branch is a host-side
+    step. None when that cost does not apply (or capture is not known)."""
+    if dispatch != "auto" or device_api == "cpu" or graph_capture is not False:
+        return None
+    return (
+        "attnquant: NVFP4 on a GPU without device graph capture: each projection chooses "
+        "GEMV or dequantize+matmul with a run-time branch, measured at +2.4 ms per decode "
+        "step for Gemma 3 1B on an H200 (docs/throughput.md, run 4). Remove "
+        "--no-device-graph-capture (MAX captures this architecture by default), or set "
+        "ATTNQUANT_NVFP4_DISPATCH=gemv (no branch; prefill re-reads the weights every "
+        f"{GEMV_MAX_M} tokens)."
+    )
+
+
 def describe(config: NVFP4LinearConfig) -> str:
     """One line per backend: can it implement ``config``, and why (for logs/CLI)."""
     return "\n".join(f"{k.name}: {k.can_implement(config)}" for k in KERNELS)

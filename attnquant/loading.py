@@ -83,8 +83,14 @@ def prepare_weights(
     num_layers: int,
     dtype: DType,
     device: Device,
+    graph_capture: bool | None = None,
 ) -> PreparedWeights:
-    """The run-time state dict and projection plan for one model load."""
+    """The run-time state dict and projection plan for one model load.
+
+    ``graph_capture``: whether MAX will replay decode steps from a captured
+    device graph (``pipeline_config.runtime.device_graph_capture``); None
+    when not known. Only used to warn about a slow combination.
+    """
     choice = check_config(config, num_layers, str(device.api))
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     start = time.monotonic()
@@ -107,6 +113,10 @@ def prepare_weights(
         tensors, served, plan, config, num_layers, hit, time.monotonic() - start, choice
     )
     logger.info(summary)
+    if config.quant == "nvfp4":
+        advice = kernels.capture_off_advice(config.nvfp4_dispatch, str(device.api), graph_capture)
+        if advice:
+            logger.warning(advice)
     return PreparedWeights(runtime, plan, summary, hit)
 
 

@@ -163,11 +163,13 @@ def measuring(lock: Path | None):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows: list[dict]) -> dict[str, str]:
-    """One server per cell; returns each started cell's greedy text."""
+def run_session(
+    session: int, cells: list[Cell], args: argparse.Namespace, rows: list[dict], texts: dict[str, list[str]]
+) -> None:
+    """One server per cell; adds each started cell's greedy text to ``texts``."""
     logs = args.out.parent
     servers: dict[str, tuple[subprocess.Popen, int, Path]] = {}
-    texts: dict[str, str] = {}
+    started: set[str] = set()
     try:
         for i, cell in enumerate(cells):
             log = logs / f"serve-{cell.slug}.log"
@@ -187,9 +189,14 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
                 continue
             load = LOAD_LINE.findall(log.read_text(errors="replace"))
             print(f"ready: {cell.spec} session {session} ({ready_s:.0f}s) {load[-1] if load else ''}", flush=True)
-            texts[cell.spec] = greedy_text(port, args.model, "w100 w200 w300", 48)
+            texts.setdefault(cell.spec, []).append(greedy_text(port, args.model, "w100 w200 w300", 48))
+            started.add(cell.spec)
+        # Before the trials, not at the end: a run the lease cuts short still
+        # says whether capture changed the output (run 4 lost it).
+        (logs / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
+        print_greedy_identity(cells, texts)
         for cell in cells:
-            if cell.spec not in texts:
+            if cell.spec not in started:
                 continue
             _, port, _ = servers[cell.spec]
             with measuring(args.gpu_lock):
@@ -198,7 +205,6 @@ def run_session(session: int, cells: list[Cell], args: argparse.Namespace, rows:
     finally:
         for server, _, _ in servers.values():
             stop(server)
-    return texts
 
 
 def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
@@ -239,6 +245,21 @@ def capture_twin(spec: str) -> str:
     return f"{variant}:{'off' if capture == 'on' else 'on'}{sep}{extra}"
 
 
+def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> None:
+    """Per cell: its greedy text the same in every session so far, the same as
+    the first cell's, and the same as its capture twin's (capture on vs off)."""
+    first = texts.get(cells[0].spec, [None])[0]
+    for cell in cells:
+        seen = texts.get(cell.spec)
+        if not seen:
+            continue
+        line = f"greedy text {cell.spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}"
+        twin = texts.get(capture_twin(cell.spec))
+        if twin:
+            line += f", same as capture twin={seen[0] == twin[0]}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
     parser.add_argument("--model", type=Path, required=True)
@@ -260,22 +281,10 @@ def main() -> None:
     rows: list[dict] = []
     texts: dict[str, list[str]] = {}
     for session in range(args.sessions):
-        for spec, text in run_session(session, cells, args, rows).items():
-            texts.setdefault(spec, []).append(text)
+        run_session(session, cells, args, rows, texts)
     print("\n| cell | trials | median tok/s | range tok/s | median TPOT ms |\n|---|---|---|---|---|")
     for cell in cells:
         print(summary(rows, cell.spec, markdown=True))
-    first = texts.get(cells[0].spec, [None])[0]
-    for cell in cells:
-        seen = texts.get(cell.spec)
-        if not seen:
-            continue
-        line = f"greedy text {cell.spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}"
-        twin = texts.get(capture_twin(cell.spec))
-        if twin:
-            line += f", same as capture twin={seen[0] == twin[0]}"
-        print(line)
-    (args.out.parent / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
 
 
 if __name__ == "__main__":

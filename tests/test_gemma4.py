@@ -82,6 +82,57 @@ def test_base_names_resolve_to_ours(custom_architectures, name: str, prefer_modu
     assert _resolve(name, prefer_module_v3).pipeline_model is AttnQuantGemma4Model
 
 
+# --- device graph capture: the buffer ABI (no compile) -----------------------
+
+
+def test_capture_buffers_follow_the_compiled_call_order() -> None:
+    """``buffers`` lists exactly what MAX's ``Gemma4Model.execute`` passes to
+    the compiled language tower, in its order: capture replays with
+    ``model(*inputs.buffers)``, so a slip here feeds the wrong tensors."""
+    import inspect
+    import re
+
+    from max.pipelines.architectures.gemma4_modulev3.inputs import Gemma4Inputs
+    from max.pipelines.architectures.gemma4_modulev3.model import Gemma4Model
+
+    from models.gemma4.inputs import AttnQuantGemma4Inputs
+
+    assert "buffers" not in Gemma4Inputs.__dict__  # MAX's: no ABI, so ours is needed
+    call = re.search(r"self\.language_model\((.*?)\n\s*\)", inspect.getsource(Gemma4Model.execute), re.S)
+    assert call, "MAX's Gemma4Model.execute no longer calls self.language_model(...)"
+    args = [a.strip().removeprefix("model_inputs.") for a in call.group(1).split(",") if a.strip()]
+    assert args == [
+        "tokens", "return_n_logits", "input_row_offsets",
+        "vision_embeddings[0]", "vision_scatter_indices[0]", "*tree.leaves(kv_cache_inputs)",
+    ]  # fmt: skip
+    kv = {"a": "kv0", "b": ["kv1", "kv2"]}
+    inputs = AttnQuantGemma4Inputs(
+        tokens="tokens", input_row_offsets="offsets", return_n_logits="n", kv_cache_inputs=kv
+    )
+    inputs.vision_embeddings, inputs.vision_scatter_indices = ["embeddings"], ["indices"]
+    assert inputs.buffers == ("tokens", "n", "offsets", "embeddings", "indices", "kv0", "kv1", "kv2")
+
+
+@pytest.mark.parametrize("value, declared", [("", False), ("1", True)])
+def test_capture_is_declared_only_on_request(value: str, declared: bool) -> None:
+    """Until checked on a GPU, ATTNQUANT_GEMMA4_GRAPH_CAPTURE decides whether
+    our Gemma 4 text architectures declare capture (MAX would then capture by
+    default); the MTP target keeps MAX's setting."""
+    code = (
+        "from models.gemma4.arch import gemma4_arch, gemma4_unified_arch, gemma4_mtp_arch\n"
+        "from models.gemma4.inputs import AttnQuantGemma4BatchProcessor as B\n"
+        "from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import "
+        "unified_mtp_gemma4_modulev3_arch as mtp\n"
+        "assert gemma4_arch.batching is B and gemma4_unified_arch.batching is B\n"
+        "assert gemma4_mtp_arch.supports_device_graph_capture == mtp.supports_device_graph_capture\n"
+        "print(gemma4_arch.supports_device_graph_capture, gemma4_unified_arch.supports_device_graph_capture)\n"
+    )
+    env = {**os.environ, "ATTNQUANT_GEMMA4_GRAPH_CAPTURE": value}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(declared)] * 2
+
+
 def _speculative_target(target: str, drafter: str, method: str) -> str:
     """The name MAX's own config resolution rewrites ``target`` to for this drafter."""
     from max.pipelines.lib.config.config import _apply_speculative_target_architecture

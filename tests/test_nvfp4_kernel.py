@@ -336,3 +336,20 @@ def test_gemv_only_skips_the_m_branch() -> None:
     auto = K.NVFP4LinearConfig(24, 64, DType.bfloat16, "cuda", "sm_90a")
     assert K._dispatch_on_m(static_large, auto, branch("gemv"), branch("dequant")) == "dequant"
     assert calls == ["gemv", "gemv", "dequant"]
+
+
+@pytest.mark.parametrize(
+    "dispatch, api, capture, warns",
+    [
+        ("auto", "cuda", False, True),  # the measured slow combination
+        ("auto", "cuda", True, False),  # captured: the branch is replayed
+        ("auto", "cuda", None, False),  # not known: no guess
+        ("gemv", "cuda", False, False),  # no branch
+        ("auto", "cpu", False, False),  # the CPU kernel has no branch
+    ],
+)
+def test_capture_off_advice(dispatch: str, api: str, capture: bool | None, warns: bool) -> None:
+    advice = K.capture_off_advice(dispatch, api, capture)
+    assert (advice is not None) == warns
+    if warns:
+        assert "--no-device-graph-capture" in advice and "ATTNQUANT_NVFP4_DISPATCH=gemv" in advice

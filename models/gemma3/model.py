@@ -62,6 +62,7 @@ class AttnQuantGemma3Model(Gemma3Model):
             num_layers=model_config.num_hidden_layers,
             dtype=model_config.dtype,
             device=self.devices[0],
+            graph_capture=self.pipeline_config.runtime.device_graph_capture,
         )
         model_config.projection_plan = prepared.plan
         return prepared.state_dict

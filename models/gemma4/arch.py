@@ -25,7 +25,10 @@ from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import (
 from max.pipelines.lib import SupportedArchitecture
 
 from ..registration import with_module_v3_twin
+from attnquant.config import AttnQuantConfig
+
 from . import weight_adapters
+from .inputs import AttnQuantGemma4BatchProcessor
 from .model import AttnQuantGemma4Model
 from .model_config import AttnQuantGemma4Config
 from .speculative import (
@@ -43,6 +46,14 @@ _OURS = dict(
     multi_gpu_supported=False,
 )
 
+# Our inputs define the buffer ABI (inputs.py), so the text model's decode
+# step can be captured; declared only on request until checked on a GPU
+# (ATTNQUANT_GEMMA4_GRAPH_CAPTURE), because MAX then captures by default.
+_TEXT_MODEL = dict(
+    batching=AttnQuantGemma4BatchProcessor,
+    supports_device_graph_capture=AttnQuantConfig.from_env().gemma4_graph_capture,
+)
+
 # Image/video + text (google/gemma-4-31B-it): the text tower is ours, the
 # vision tower MAX's. MAX's ModuleV3 vision attention runs on GPU only.
 gemma4_arch = replace(
@@ -51,6 +62,7 @@ gemma4_arch = replace(
     pipeline_model=AttnQuantGemma4Model,
     weight_adapters={WeightsFormat.safetensors: weight_adapters.convert_safetensor_state_dict},
     **_OURS,
+    **_TEXT_MODEL,
 )
 
 # The text-only "gemma4_unified" line (google/gemma-4-12B-it); runs on CPU too.
@@ -60,6 +72,7 @@ gemma4_unified_arch = replace(
     pipeline_model=AttnQuantGemma4Model,
     weight_adapters=gemma4_arch.weight_adapters,
     **_OURS,
+    **_TEXT_MODEL,
 )
 
 # Gemma 4 + a Gemma 4 assistant drafter (MTP speculative decoding).

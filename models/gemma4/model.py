@@ -36,6 +36,7 @@ from attnquant.runtime_layout import ProjectionPlan
 from attnquant.theta_linear import shared_blocks
 from models.common.mlp import build_mlp
 
+from .inputs import AttnQuantGemma4BatchProcessor
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config
 from .weight_adapters import check_language_tensors
@@ -51,6 +52,7 @@ def prepare_language_weights(
     config: Gemma4ForConditionalGenerationConfig,
     checkpoint: Weights,
     device: Device,
+    graph_capture: bool | None = None,
 ) -> loading.PreparedWeights:
     """attnquant's load-time pipeline over one Gemma 4 language tower.
 
@@ -65,6 +67,7 @@ def prepare_language_weights(
         num_layers=config.text_config.num_hidden_layers,
         dtype=config.dtype,
         device=device,
+        graph_capture=graph_capture,
     )
     loading.logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
     if config.vision_config is None:
@@ -132,8 +135,15 @@ def single_device_mesh(devices: list[Any]) -> DeviceMesh:
 class AttnQuantGemma4Model(Gemma4Model):
     model_config_cls: ClassVar[type[Any]] = AttnQuantGemma4Config
     batch_processor_cls: ClassVar[type[Gemma4ModuleV3BatchProcessor]] = (
-        Gemma4ModuleV3BatchProcessor
+        AttnQuantGemma4BatchProcessor
     )
+
+    @property
+    def model(self) -> Any:
+        """The compiled language tower: what MAX's device graph capture
+        captures and replays (it looks for ``model``; decode steps never run
+        the vision tower)."""
+        return self.language_model
 
     def _create_model_config(self, state_dict: dict[str, Any]) -> AttnQuantGemma4Config:
         single_device_mesh(self.devices)
@@ -146,8 +156,9 @@ class AttnQuantGemma4Model(Gemma4Model):
             return_logits=self.return_logits,
         )
         prepared = prepare_language_weights(
-            self._language_weights_dict, config, self.weights, self.devices[0]
-        )
+            self._language_weights_dict, config, self.weights, self.devices[0],
+            graph_capture=self.pipeline_config.runtime.device_graph_capture,
+        )  # fmt: skip
         self._language_weights_dict = prepared.state_dict
         config.projection_plan = prepared.plan
         self.config = config

@@ -60,6 +60,7 @@ def prepare_target_weights(
     config: Gemma4ForConditionalGenerationConfig,
     checkpoint: Weights,
     device: Device,
+    graph_capture: bool | None = None,
 ) -> tuple[dict[str, Any], ProjectionPlan]:
     """The MTP target's served weights (its bare names) and their plan.
 
@@ -69,8 +70,9 @@ def prepare_target_weights(
     and without a drafter. The plan keeps the prefixed names.
     """
     prepared = prepare_language_weights(
-        {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint, device
-    )
+        {LANGUAGE_PREFIX + name: value for name, value in target.items()}, config, checkpoint, device,
+        graph_capture=graph_capture,
+    )  # fmt: skip
     served = {
         name.removeprefix(LANGUAGE_PREFIX): value for name, value in prepared.state_dict.items()
     }
@@ -110,8 +112,9 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.
         self._served_target, self._projection_plan = prepare_target_weights(
-            self._target_state_dict, config, self.weights, self.devices[0]
-        )
+            self._target_state_dict, config, self.weights, self.devices[0],
+            graph_capture=self.pipeline_config.runtime.device_graph_capture,
+        )  # fmt: skip
         return config
 
     def _build_module(

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,26 +230,35 @@ def _summary(
     seconds: float,
     choice: PathChoice,
 ) -> str:
-    """One line: path and why, theta, NVFP4 coverage, projection bytes, cache.
+    """One line: path and why, theta, NVFP4 coverage, projection bytes, the
+    weight bytes a decode step reads, cache.
 
     Bytes are counted as prepared, before the cast to the model dtype (so a
     float32 CPU run reports checkpoint-dtype bytes); a tensor aliased by
-    several layers (a band's shared W0) counts once."""
+    several layers (a band's shared W0) counts once. "Per decode token" is
+    every served tensor once: at batch 1 each step reads every weight (the
+    tied embedding once, as the LM head); the KV cache is not counted."""
     keys = find_projections(before)
     modules = {key.module_name for key in keys}
     bytes_before = sum(_nbytes(before[key.weight_name]) for key in keys)
     quantized = sum(len(p.members) for parts in plan.values() for p in parts if p.kind == "nvfp4")
-    unique = {id(t): t for name, t in served.items() if name.rsplit(".", 1)[0] in modules}
-    bytes_after = sum(_nbytes(t) for t in unique.values())
+    bytes_after = _unique_nbytes(t for name, t in served.items() if name.rsplit(".", 1)[0] in modules)
     blocks = config.blocks or num_layers
     theta = "passthrough" if blocks == num_layers else f"R={config.rank}"
     source = "quantized-weight cache hit" if hit else f"prepared in {seconds:.1f}s"
+    per_token = [_unique_nbytes(tensors.values()) / 2**30 for tensors in (before, served)]
     return (
         f"{SUMMARY_PREFIX} path={choice} theta G={blocks}/{num_layers} ({theta}) "
         f"quant={config.quant}; NVFP4 {quantized}/{len(keys)} projections; projection "
         f"bytes {bytes_before / 2**20:.1f} MiB -> {bytes_after / 2**20:.1f} MiB "
-        f"({bytes_before / max(bytes_after, 1):.2f}x); {source}"
+        f"({bytes_before / max(bytes_after, 1):.2f}x); weights per decode token "
+        f"{per_token[0]:.2f} GiB -> {per_token[1]:.2f} GiB; {source}"
     )
+
+
+def _unique_nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct tensor objects (an aliased W0 counts once)."""
+    return sum(_nbytes(t) for t in {id(t): t for t in tensors}.values())
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

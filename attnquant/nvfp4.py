@@ -132,6 +132,13 @@ class NVFP4Weight:
         return self.packed.numel() + self.block_scales.numel() + 4
 
 
+def served_nbytes(n: int, k: int) -> int:
+    """Bytes one [N, K] projection takes once quantized and served: packed
+    codes (K/2 per row), E4M3 block scales (K/16 per row), and the float32
+    global and input scales (``reconstruct``'s ModelOpt-layout tensors)."""
+    return n * (k // 2) + n * (k // BLOCK_SIZE) + 4 + 4
+
+
 # ---------------------------------------------------------------------------
 # Decode tables (shared with the graph side, which decodes on the device).
 # ---------------------------------------------------------------------------

@@ -9,6 +9,8 @@ weights MAX serves (dequantized where they are NVFP4).
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,6 +127,21 @@ def test_load_line_reports_path_and_coverage(served) -> None:
     line = next(l for l in server.log().splitlines() if "attnquant load:" in l)
     expected = {"passthrough": "NVFP4 0/126", "nvfp4": "NVFP4 126/126", "nvfp4_mlp_only": "NVFP4 54/126"}
     assert expected[name] in line, line
+    # Bytes a decode step reads: only the projections change, so the whole
+    # model shrinks by exactly what the projections do (two-decimal rounding
+    # aside), and what is left includes the embedding/LM head.
+    mib = re.search(r"projection bytes ([\d.]+) MiB -> ([\d.]+) MiB", line)
+    gib = re.search(r"weights per decode token ([\d.]+) GiB -> ([\d.]+) GiB", line)
+    assert mib and gib, line
+    projections_saved = (float(mib[1]) - float(mib[2])) / 1024
+    assert abs((float(gib[1]) - float(gib[2])) - projections_saved) < 0.011, line
+    assert float(gib[2]) > float(mib[2]) / 1024 + 0.1, line  # the embedding counted too
+    # MAX sized the KV cache with the served bytes (attnquant.memory), which
+    # only differ from the checkpoint's when projections were quantized.
+    memory = re.search(r"attnquant memory: weights ([\d.]+) GiB served, not the checkpoint's ([\d.]+) GiB", server.log())
+    assert (memory is not None) == (name != "passthrough"), name
+    if memory:
+        assert abs((float(memory[2]) - float(memory[1])) - projections_saved) < 0.011, memory[0]
 
 
 def test_second_start_hits_the_cache(served, model_dir: Path, cache_dir: Path, tmp_path: Path) -> None:

@@ -261,6 +261,23 @@ def test_moe_checkpoint_fails_fast_through_max(gemma4_dir: Path, tmp_path: Path)
 # --- the load-time plan and the module tree it builds (no compile) ------------
 
 
+@pytest.mark.parametrize("env", [CONFIGS["nvfp4"], CONFIGS["passthrough"], {"ATTNQUANT_QUANT": "nvfp4"}])
+def test_memory_estimate_is_the_served_bytes(gemma4_dir: Path, env: dict[str, str]) -> None:
+    """The weight size our memory planners give MAX (checkpoint files less
+    what NVFP4 saves, from the headers only) is what load time serves."""
+    from attnquant.memory import quantization_saving
+    from attnquant.nvfp4 import served_nbytes
+
+    checkpoint = load_state_dict(gemma4_dir)
+    config = AttnQuantConfig.from_env(env)
+    served = precompute_outside(checkpoint, config, progress=False).state_dict
+    nbytes = lambda tensors: sum(t.numel() * t.element_size() for t in tensors)  # noqa: E731
+    saving = quantization_saving(gemma4_dir, config)
+    assert nbytes(checkpoint.values()) - saving == nbytes(served.values())
+    assert (saving > 0) == (config.quant == "nvfp4")
+    assert served_nbytes(8, 32) == 8 * 16 + 8 * 2 + 8
+
+
 def test_plan_counts_exactly_the_checkpoint_projections(gemma4_dir: Path) -> None:
     from attnquant.runtime_layout import to_runtime_layout
     from models.gemma4.model import describe_projections

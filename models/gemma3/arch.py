@@ -14,6 +14,8 @@ from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
 from max.pipelines.lib import SupportedArchitecture, TextTokenizer
 from max.pipelines.modeling.types import PipelineTask
 
+from attnquant.memory import with_served_weights_size
+
 from . import weight_adapters
 from .inputs import AttnQuantGemma3BatchProcessor
 from .model import AttnQuantGemma3Model
@@ -35,7 +37,8 @@ gemma3_arch = SupportedArchitecture(
     },
     config=AttnQuantGemma3Config,
     batching=AttnQuantGemma3BatchProcessor,
-    memory_planner=PagedMemoryPlanner,
+    # KV cache sized with the served (NVFP4) weight bytes, not the files'.
+    memory_planner=with_served_weights_size(PagedMemoryPlanner),
     # Our inputs define the buffer ABI (inputs.py), so the decode step can be
     # captured and replayed as one device graph.
     supports_device_graph_capture=True,

@@ -26,6 +26,7 @@ from max.pipelines.lib import SupportedArchitecture
 
 from ..registration import with_module_v3_twin
 from attnquant.config import AttnQuantConfig
+from attnquant.memory import with_served_weights_size
 
 from . import weight_adapters
 from .inputs import AttnQuantGemma4BatchProcessor
@@ -59,6 +60,8 @@ _TEXT_MODEL = dict(
 gemma4_arch = replace(
     gemma4_modulev3_arch,
     name="Gemma4ForConditionalGeneration",
+    # KV cache sized with the served (NVFP4) weight bytes, not the files'.
+    memory_planner=with_served_weights_size(gemma4_modulev3_arch.memory_planner),
     pipeline_model=AttnQuantGemma4Model,
     weight_adapters={WeightsFormat.safetensors: weight_adapters.convert_safetensor_state_dict},
     **_OURS,
@@ -69,6 +72,7 @@ gemma4_arch = replace(
 gemma4_unified_arch = replace(
     gemma4_unified_modulev3_arch,
     name="Gemma4UnifiedForConditionalGeneration",
+    memory_planner=gemma4_arch.memory_planner,
     pipeline_model=AttnQuantGemma4Model,
     weight_adapters=gemma4_arch.weight_adapters,
     **_OURS,
@@ -80,6 +84,7 @@ gemma4_mtp_arch = replace(
     unified_mtp_gemma4_modulev3_arch,
     name=MTP_TARGET,
     pipeline_model=AttnQuantUnifiedMTPGemma4Model,
+    memory_planner=with_served_weights_size(unified_mtp_gemma4_modulev3_arch.memory_planner),
     **_OURS,
 )
 

@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 
 from attnquant.config import AttnQuantConfig
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: fused groups quantized with one shared amax
 """Bump when the produced tensors change for the same checkpoint and config."""
 
 logger = logging.getLogger("max.pipelines.attnquant")

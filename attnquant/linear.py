@@ -37,7 +37,7 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
         self.out_features = n
         self.layout = kernels.WeightLayout(part.layout)
         packed_shape, scale_shape = self.layout.shapes(n, k)
-        self.per_row_scale = len(part.members) > 1
+        self.per_row_scale = part.per_row_scale
         self.gemv_only = part.gemv_only
         self.weight = Tensor.zeros(packed_shape, dtype=DType.uint8)
         self.weight_scale = Tensor.zeros(scale_shape, dtype=DType.uint8)
@@ -54,8 +54,8 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
     def forward(self, x: Tensor) -> Tensor:
         if not self.per_row_scale:
             return self._linear(x, self.weight_scale_2)
-        # Fused members keep their own global scales: decode at scale 1, then
-        # apply each output row's scale to the (small) activation output.
+        # Fused members with different global scales: decode at scale 1,
+        # then apply each output row's scale to the (small) activation output.
         one = F.constant(1.0, DType.float32, device=self.weight.device).reshape([1])
         y = self._linear(x, one)
         return y * F.cast(self.weight_scale_2, y.dtype)

@@ -512,6 +512,7 @@ def quantize(
     scale_policy: ScalePolicy = ScalePolicy.RTN,
     chunk_rows: int | None = None,
     name: str = "weight",
+    amax: float | None = None,
 ) -> NVFP4Weight:
     """Quantizes a [N, K] weight to NVFP4 along K, on the weight's device.
 
@@ -524,10 +525,15 @@ def quantize(
             a CPU, 16M on an accelerator); bounds the working memory beyond
             the input and the output.
         name: what to call the tensor in error messages.
+        amax: the absolute maximum the global scale is derived from; default
+            the weight's own. Tensors quantized with one ``amax`` share a
+            global scale, as ModelOpt gives the members of a fused layer
+            (q|k|v, gate|up), so the fused matmul needs no per-row scale.
 
     Raises:
         ValueError: for a non-2-D, empty or non-float tensor, a K that is not
-            a multiple of 16, or a NaN/Inf element.
+            a multiple of 16, a NaN/Inf element, or an ``amax`` below the
+            weight's own.
     """
     weight = _checked_input(weight, name)
     n, k = weight.shape
@@ -536,10 +542,14 @@ def quantize(
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
 
     block_amax = _block_amax(weight, chunk_rows)
-    amax = block_amax.max()
-    if not torch.isfinite(amax):
+    own_amax = block_amax.max()
+    if not torch.isfinite(own_amax):
         _raise_non_finite(weight, name)
-    global_encode, global_decode = _global_scales(amax)
+    if amax is not None and not own_amax.item() <= amax:
+        raise ValueError(f"{name}: amax {amax} is below the tensor's own {own_amax.item()}")
+    global_encode, global_decode = _global_scales(
+        own_amax if amax is None else torch.tensor(amax, dtype=torch.float32, device=weight.device)
+    )
     scale_codes = _rtn_scale_codes(block_amax, global_encode)
 
     if scale_policy is ScalePolicy.MSE:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from attnquant import nvfp4
 from attnquant.config import AttnQuantConfig
 from attnquant.projections import ProjectionKey, find_projections, is_ignored
+from attnquant.runtime_layout import group_name
 from attnquant.theta import ThetaBundle, build_theta
 
 
@@ -163,15 +164,21 @@ def precompute_outside(
     replacements: dict[str, dict[str, torch.Tensor]] = {}
     error2_of_layer: dict[int, float] = defaultdict(float)
     norm2_of_layer: dict[int, float] = defaultdict(float)
-    for key in tqdm(keys, desc="attnquant projections", disable=not progress):
-        weight = weights[key]
-        w_eff = _served_weight(theta, key, weight)
-        error2, norm2 = _squared_error_terms(weight, w_eff)
-        error2_of_layer[key.layer] += error2
-        norm2_of_layer[key.layer] += norm2
-        replacements[key.weight_name] = (
-            _nvfp4_tensors(key, w_eff, config) if key in quantized else {key.weight_name: w_eff}
-        )
+    bar = tqdm(total=len(keys), desc="attnquant projections", disable=not progress)
+    for group in fusion_groups(keys):
+        w_effs = {key: _served_weight(theta, key, weights[key]) for key in group}
+        # One global scale for the NVFP4 members of a fused group (ModelOpt's
+        # convention): the fused matmul then needs no per-row rescale.
+        amax = _shared_amax([w for key, w in w_effs.items() if key in quantized])
+        for key, w_eff in w_effs.items():
+            error2, norm2 = _squared_error_terms(weights[key], w_eff)
+            error2_of_layer[key.layer] += error2
+            norm2_of_layer[key.layer] += norm2
+            replacements[key.weight_name] = (
+                _nvfp4_tensors(key, w_eff, config, amax) if key in quantized else {key.weight_name: w_eff}
+            )
+            bar.update()
+    bar.close()
 
     served = {}
     for name, tensor in state_dict.items():
@@ -202,11 +209,24 @@ def _served_weight(theta: ThetaBundle, key: ProjectionKey, weight: torch.Tensor)
     return effective_weight(theta.shared[layer.group], layer.scale, layer.u, layer.v, weight.dtype)
 
 
+def fusion_groups(keys: list[ProjectionKey]) -> list[list[ProjectionKey]]:
+    """``keys`` (in order) split into the groups the run-time layout fuses:
+    one layer's q/k/v, its gate/up, and every other projection alone."""
+    groups: dict[tuple[str, int, str], list[ProjectionKey]] = {}
+    for key in keys:
+        groups.setdefault((key.prefix, key.layer, group_name(key.proj)), []).append(key)
+    return list(groups.values())
+
+
+def _shared_amax(w_effs: list[torch.Tensor]) -> float | None:
+    return max(w.abs().max().float().item() for w in w_effs) if w_effs else None
+
+
 def _nvfp4_tensors(
-    key: ProjectionKey, w_eff: torch.Tensor, config: AttnQuantConfig
+    key: ProjectionKey, w_eff: torch.Tensor, config: AttnQuantConfig, amax: float | None
 ) -> dict[str, torch.Tensor]:
     q = nvfp4.quantize(
-        w_eff, scale_policy=nvfp4.ScalePolicy(config.scale_search), name=key.weight_name
+        w_eff, scale_policy=nvfp4.ScalePolicy(config.scale_search), name=key.weight_name, amax=amax
     )
     module = key.module_name
     return {

@@ -12,8 +12,9 @@ name itself (``qkv_proj.weight``); one with several under ``qkv_proj.0.``,
 ``qkv_proj.1.`` and so on.
 
 NVFP4 parts carry their decode scale as ``weight_scale_2``: a ``[1]`` tensor
-for a single projection, and a per-output-row ``[N]`` vector for a fused part,
-because each member keeps the global scale it was quantized with.
+when every member has the same global scale (one projection, or a group that
+``reconstruct`` quantized with one amax, as it does), else a per-output-row
+``[N]`` vector (``PartPlan.per_row_scale``), applied after the matmul.
 
 Theta parts (in-graph reconstruction, ``ATTNQUANT_PRECOMPUTE_OUTSIDE=0``)
 arrive as ``w0`` (the band's shared block), ``scale`` and, when the layer has
@@ -44,6 +45,11 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mlp", "down_proj", ("down_proj",)),
 )
 
+def group_name(proj: str) -> str:
+    """The run-time group a projection belongs to (``"q_proj"`` -> ``"qkv_proj"``)."""
+    return next(group for _, group, members in GROUPS if proj in members)
+
+
 _BLOCK_RE = re.compile(r"^(?P<block>.*layers\.\d+\.(?:self_attn|mlp))\.")
 
 Kind = Literal["dense", "nvfp4", "theta"]
@@ -61,6 +67,9 @@ class PartPlan:
     """NVFP4 byte layout the chosen kernel reads (``attnquant.kernels.WeightLayout``)."""
     gemv_only: bool = False
     """NVFP4 parts: the GEMV kernel at every token count (``ATTNQUANT_NVFP4_DISPATCH=gemv``)."""
+    per_row_scale: bool = False
+    """NVFP4 parts: ``weight_scale_2`` is one scale per output row (fused members
+    quantized with different global scales; one more op after the matmul)."""
     rank: int = 0
     """Theta parts: the residual width (sum of the members' ranks, padded as
     ``to_runtime_layout`` was asked; 0: none)."""
@@ -144,8 +153,8 @@ def _fuse_nvfp4(sd: MutableMapping[str, torch.Tensor], modules: list[str]) -> di
     globals_ = [sd.pop(f"{m}.weight_scale_2").float().reshape(1) for m in modules]
     for m in modules:
         sd.pop(f"{m}.input_scale", None)  # weight-only: activations stay unquantized
-    if len(modules) == 1:
-        global_scale = globals_[0]
+    if all(torch.equal(g, globals_[0]) for g in globals_):
+        global_scale = globals_[0]  # one projection, or members quantized with one amax
     else:
         global_scale = torch.cat(
             [g.expand(p.shape[0]) for g, p in zip(globals_, packed, strict=True)]
@@ -244,6 +253,7 @@ def to_runtime_layout(
                     part = dataclasses.replace(part, shared_with=owner, rank=rank)
                 elif part.kind == "nvfp4":
                     tensors = _fuse_nvfp4(sd, modules)
+                    part = dataclasses.replace(part, per_row_scale=tensors["weight_scale_2"].numel() > 1)
                 else:
                     tensors = _fuse_dense(sd, modules, dtype)
                 sd.update({f"{name}.{k}": v for k, v in tensors.items()})

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from attnquant import cli, nvfp4
 from attnquant.checkpoint import load_state_dict
 from attnquant.projections import find_projections
+from attnquant.runtime_layout import group_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,7 +61,10 @@ def test_writes_a_modelopt_nvfp4_checkpoint(
     original, written = load_state_dict(tiny_gemma3_dir), load_file(str(out / "model.safetensors"))
     projections = find_projections(original)
     for key in projections:
-        expected = nvfp4.quantize(original[key.weight_name])
+        # Fused groups (q|k|v, gate|up) share one global scale: their amax.
+        group = [k for k in projections if k.layer == key.layer and group_name(k.proj) == group_name(key.proj)]
+        amax = max(original[k.weight_name].abs().max().float().item() for k in group)
+        expected = nvfp4.quantize(original[key.weight_name], amax=amax)
         module = key.module_name
         assert torch.equal(written[f"{module}.weight"], expected.packed)
         assert torch.equal(

@@ -353,3 +353,20 @@ def test_float64_input_is_rounded_to_float32(max_fp4_reference: ModuleType) -> N
     packed, scale_bits, _ = reference(max_fp4_reference, weight.float())
     np.testing.assert_array_equal(q.packed.numpy(), packed)
     np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits)
+
+
+def test_a_given_amax_sets_the_global_scale() -> None:
+    """Members of a fused group share one global scale: quantized with the
+    group's amax. The tensor's own amax gives the default encoding; a larger
+    one still decodes within the format's error; a smaller one is refused."""
+    weight = torch.randn(32, 64, generator=torch.Generator().manual_seed(3))
+    own = weight.abs().max().item()
+    default = nvfp4.quantize(weight)
+    same = nvfp4.quantize(weight, amax=own)
+    assert torch.equal(same.packed, default.packed) and torch.equal(same.global_scale, default.global_scale)
+    shared = nvfp4.quantize(weight, amax=4 * own)
+    assert torch.equal(shared.global_scale, nvfp4.quantize(weight * 4).global_scale)
+    error = (nvfp4.dequantize(shared) - weight).abs().max() / own
+    assert error < 0.2, error  # E2M1 step at the top of a block: 1/6 of its amax
+    with pytest.raises(ValueError, match="below the tensor's own"):
+        nvfp4.quantize(weight, amax=own / 2)

@@ -12,6 +12,7 @@ from attnquant.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
 from attnquant.projections import ProjectionKey, find_projections, is_ignored
 from attnquant.reconstruct import effective_weight, precompute_outside
+from attnquant.runtime_layout import group_name, to_runtime_layout
 
 NVFP4 = AttnQuantConfig(quant="nvfp4")
 SUFFIXES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
@@ -116,9 +117,13 @@ def test_nvfp4_replaces_each_projection_with_modelopt_tensors(
 ) -> None:
     result = precompute_outside(tiny_state, NVFP4, progress=False)
     served = result.state_dict
-    for key in find_projections(tiny_state):
+    keys = find_projections(tiny_state)
+    for key in keys:
         weight = tiny_state[key.weight_name]
-        expected = nvfp4.quantize(weight)
+        # One global scale per fused group (q|k|v, gate|up): the group's amax.
+        group = [k for k in keys if k.layer == key.layer and group_name(k.proj) == group_name(key.proj)]
+        amax = max(tiny_state[k.weight_name].abs().max().float().item() for k in group)
+        expected = nvfp4.quantize(weight, amax=amax)
         tensors = [served[f"{key.module_name}.{suffix}"] for suffix in SUFFIXES]
         assert torch.equal(tensors[0], expected.packed)
         assert tensors[1].dtype == torch.float8_e4m3fn and torch.equal(
@@ -134,6 +139,36 @@ def test_nvfp4_replaces_each_projection_with_modelopt_tensors(
         if ProjectionKey.parse(name) is None:
             assert served[name] is tensor
     assert result.report.projections_quantized == 14 and result.report.ignored_modules == ()
+    scale = lambda layer, proj: served[f"model.layers.{layer}.{proj}.weight_scale_2"]  # noqa: E731
+    for layer in (0, 1):
+        qkv = [scale(layer, f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj")]
+        assert all(torch.equal(g, qkv[0]) for g in qkv)
+        assert torch.equal(scale(layer, "mlp.gate_proj"), scale(layer, "mlp.up_proj"))
+        assert not torch.equal(scale(layer, "mlp.down_proj"), scale(layer, "mlp.up_proj"))
+
+
+def test_fused_nvfp4_parts_take_one_scale_when_their_members_share_it(
+    tiny_state: dict[str, torch.Tensor]
+) -> None:
+    """precompute_outside's shared amax makes each fused NVFP4 part a single
+    ``[1]`` scale (no per-row rescale in the graph); members quantized apart
+    (e.g. another tool's checkpoint) still fuse, with a per-row scale."""
+    served = precompute_outside(tiny_state, NVFP4, progress=False).state_dict
+    runtime, plan = to_runtime_layout(served, fuse=True, dtype=torch.bfloat16)
+    (qkv,) = plan["model.layers.0.self_attn.qkv_proj"]
+    assert not qkv.per_row_scale
+    assert runtime["model.layers.0.self_attn.qkv_proj.weight_scale_2"].shape == (1,)
+
+    apart = dict(served)
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        q = nvfp4.quantize(tiny_state[f"model.layers.0.self_attn.{proj}.weight"])
+        apart[f"model.layers.0.self_attn.{proj}.weight"] = q.packed
+        apart[f"model.layers.0.self_attn.{proj}.weight_scale"] = q.block_scales
+        apart[f"model.layers.0.self_attn.{proj}.weight_scale_2"] = q.global_scale
+    runtime, plan = to_runtime_layout(apart, fuse=True, dtype=torch.bfloat16)
+    (qkv,) = plan["model.layers.0.self_attn.qkv_proj"]
+    assert qkv.per_row_scale
+    assert runtime["model.layers.0.self_attn.qkv_proj.weight_scale_2"].shape == (qkv.out_dim,)
 
 
 def test_ignored_projections_stay_in_the_checkpoint_dtype_and_bytes_add_up(

@@ -45,6 +45,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("mlp", "down_proj", ("down_proj",)),
 )
 
+
 def group_name(proj: str) -> str:
     """The run-time group a projection belongs to (``"q_proj"`` -> ``"qkv_proj"``)."""
     return next(group for _, group, members in GROUPS if proj in members)

@@ -1,1 +1,2 @@
-"""Layers our Gemma 3 and Gemma 4 share: the gated MLP and the attention tail."""
+"""What our Gemma 3 and Gemma 4 share: the gated MLP, the attention tail and
+the capture buffer ABI of their inputs."""

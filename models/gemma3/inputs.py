@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from max import tree
 from max.driver import Buffer
-from max.nn.kv_cache import KVCacheInputs
 from max.pipelines.architectures.gemma3_modulev3.batch_processor import (
     Gemma3ModuleV3BatchProcessor,
 )
 from max.pipelines.architectures.gemma3_modulev3.inputs import Gemma3Inputs
+
+from ..common.inputs import MakesABIInputs, abi_buffers
 
 
 @dataclass
@@ -25,22 +25,8 @@ class AttnQuantGemma3Inputs(Gemma3Inputs):
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
-        kv_leaves = tree.leaves(self.kv_cache_inputs) if self.kv_cache_inputs else ()
-        return (self.tokens, self.return_n_logits, self.input_row_offsets, *kv_leaves)
+        return abi_buffers(self)
 
 
-class AttnQuantGemma3BatchProcessor(Gemma3ModuleV3BatchProcessor):
-    def _make_inputs(
-        self,
-        *,
-        tokens: Buffer,
-        input_row_offsets: Buffer,
-        return_n_logits: Buffer,
-        kv_cache_inputs: KVCacheInputs[Buffer, Buffer],
-    ) -> AttnQuantGemma3Inputs:
-        return AttnQuantGemma3Inputs(
-            tokens=tokens,
-            input_row_offsets=input_row_offsets,
-            return_n_logits=return_n_logits,
-            kv_cache_inputs=kv_cache_inputs,
-        )
+class AttnQuantGemma3BatchProcessor(MakesABIInputs, Gemma3ModuleV3BatchProcessor):
+    inputs_cls = AttnQuantGemma3Inputs

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from max import tree
 from max.driver import Buffer
-from max.nn.kv_cache import KVCacheInputs
 from max.pipelines.architectures.gemma4_modulev3.batch_processor import (
     Gemma4ModuleV3BatchProcessor,
 )
 from max.pipelines.architectures.gemma4_modulev3.inputs import Gemma4Inputs
+
+from ..common.inputs import MakesABIInputs, abi_buffers
 
 
 @dataclass
@@ -28,29 +28,8 @@ class AttnQuantGemma4Inputs(Gemma4Inputs):
 
     @property
     def buffers(self) -> tuple[Buffer, ...]:
-        kv_leaves = tree.leaves(self.kv_cache_inputs) if self.kv_cache_inputs else ()
-        return (
-            self.tokens,
-            self.return_n_logits,
-            self.input_row_offsets,
-            *self.vision_embeddings,
-            *self.vision_scatter_indices,
-            *kv_leaves,
-        )
+        return abi_buffers(self, *self.vision_embeddings, *self.vision_scatter_indices)
 
 
-class AttnQuantGemma4BatchProcessor(Gemma4ModuleV3BatchProcessor):
-    def _make_inputs(
-        self,
-        *,
-        tokens: Buffer,
-        input_row_offsets: Buffer,
-        return_n_logits: Buffer,
-        kv_cache_inputs: KVCacheInputs[Buffer, Buffer],
-    ) -> AttnQuantGemma4Inputs:
-        return AttnQuantGemma4Inputs(
-            tokens=tokens,
-            input_row_offsets=input_row_offsets,
-            return_n_logits=return_n_logits,
-            kv_cache_inputs=kv_cache_inputs,
-        )
+class AttnQuantGemma4BatchProcessor(MakesABIInputs, Gemma4ModuleV3BatchProcessor):
+    inputs_cls = AttnQuantGemma4Inputs

@@ -82,10 +82,16 @@ run() {
 # at bf16 is the baseline. Capture on both sides (ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1
 # declares it; not yet seen on a GPU), plus NVFP4's capture-off twin for the
 # on/off greedy identity. Each server's arena is capped (a capturing server
-# backs all of it; bf16 needs 29.9 GiB of weights + 15 GiB of activations at
-# 30 layers, MAX's estimate in run 2): 25 + 25 + 45 % of the card.
+# backs all of it). MAX plans weights + a fixed 15 GiB of Gemma 4 activations
+# (+ 0.3 GiB signal buffers) within 0.9 of the arena, and the arena is a
+# percentage of the memory free when the server starts: in session 0 the
+# first cell starts alone, so the others see ~104 of 140 GiB (run 5: at 25 %
+# and 45 % both refused "don't leave room for KV cache"). NVFP4 needs 25.6
+# GiB (first: 25 % of 140), its twin 25.6 (30 % of 104), bf16 45.2 GiB (52 %
+# of 104); when all three start together (session 1) that is 35 + 73 GiB
+# backed + the uncaptured twin's ~24 GiB.
 G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
-G4_CELLS="${G4_CELLS-attnquant-nvfp4:on+$G4CAP=25 attnquant-nvfp4:off+$G4CAP=25 attnquant-bf16:on+$G4CAP=45}"
+G4_CELLS="${G4_CELLS-attnquant-nvfp4:on+$G4CAP=25 attnquant-nvfp4:off+$G4CAP=30 attnquant-bf16:on+$G4CAP=52}"
 # If the bf16 capture cell measured nothing: the comparison uncaptured (NVFP4
 # with the GEMV dispatch: no per-projection branch, ~23 us each uncaptured).
 G4_FALLBACK_CELLS="${G4_FALLBACK_CELLS-attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv attnquant-bf16:off}"

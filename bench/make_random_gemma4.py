@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from random_checkpoint import GEMMA_ROLES, write_random_weights, write_word_tokenizer
+from random_checkpoint import GEMMA_ROLES, Noise, write_random_weights, write_word_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.gemma4_fixtures import IMAGE_IDS, SPECIAL_TOKENS, TINY_VISION  # noqa: E402
@@ -55,11 +55,25 @@ def write_weights(out: Path, config, device: str) -> int:
     with torch.device("meta"):
         model = Gemma4UnifiedForConditionalGeneration(config)
         shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
-    # Gemma 4 norms and layer scalars multiply: ones are the identity.
-    return write_random_weights(
-        out, shapes, device,
-        lambda n: 1.0 if n.endswith(("norm.weight", "layer_scalar")) else None,
-    )  # fmt: skip
+    return write_random_weights(out, shapes, device, _init)
+
+
+# The input embedding is scaled by sqrt(hidden) = 73, so at N(0, 0.02) each
+# token's own logit (~ std^2 hidden^1.5 / sqrt(2 layers)) beats the best of
+# 262144 random ones (~ 5 std sqrt(hidden)): the model only repeats its last
+# input token. After a chat prompt (last token <unk>) that is a special token,
+# which streams no text, and `max benchmark` failed with "No text content
+# captured" (H200 run 5, 2026-12-01). Measured in transformers at 6 layers,
+# last token w1234: own logit 26.1, next best 7.3 at std 0.02; own 0.59, best
+# 0.68 at 0.002 (the own term shrinks as 1/sqrt(layers) beside the rest).
+# Specials' rows (and the bare "▁") are zero: logit 0, never the argmax.
+EMBEDDING = Noise(std=0.002, zero_rows=len(SPECIAL_TOKENS) + 1)  # + the bare "▁"
+
+
+def _init(name: str) -> float | Noise | None:
+    if name.endswith(("norm.weight", "layer_scalar")):
+        return 1.0  # Gemma 4 norms and layer scalars multiply: ones are the identity
+    return EMBEDDING if name.endswith("embed_tokens.weight") else None
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,24 +23,36 @@ GEMMA_ROLES = dict(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_
 """Tokenizer roles of Gemma's first special tokens (ids 0-3 are <pad>, <eos>, <bos>, <unk>)."""
 
 
+@dataclass(frozen=True)
+class Noise:
+    """N(0, std) with the first ``zero_rows`` rows zero (an embedding's
+    special tokens: their logits stay 0, so a random model never emits them)."""
+
+    std: float = 0.02
+    zero_rows: int = 0
+
+
 def write_random_weights(
     out: Path,
     shapes: Mapping[str, torch.Size],
     device: str,
-    init: Callable[[str], float | None],
+    init: Callable[[str], float | Noise | None],
 ) -> int:
     """Writes every tensor in ``shapes``; ``init(name)`` returns a constant
-    fill (e.g. 1.0 for norms) or None for N(0, 0.02). Returns bytes written."""
+    fill (e.g. 1.0 for norms), a ``Noise``, or None for ``Noise()``.
+    Returns bytes written."""
     generator = torch.Generator(device=device).manual_seed(0)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = total = 0
     for name, shape in shapes.items():
         fill = init(name)
-        if fill is not None:
+        if isinstance(fill, float):
             tensor = torch.full(shape, fill, dtype=torch.bfloat16)
         else:
-            noise = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-            tensor = (noise * 0.02).to(torch.bfloat16).cpu()
+            noise = fill or Noise()
+            sample = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+            sample[: noise.zero_rows] = 0
+            tensor = (sample * noise.std).to(torch.bfloat16).cpu()
         nbytes = tensor.numel() * tensor.element_size()
         if size and size + nbytes > SHARD_BYTES:
             shards.append({})

@@ -77,24 +77,29 @@ run() {
   touch "$WORK/done"
 }
 
-# Issue #6: Gemma 4 at 31B geometry. Neither of MAX 26.7's built-in Gemma 4s
-# compiles for sm_90a there (bench/sm90_model_compile.py --max-builtin), so ours
-# at bf16 is the baseline. Capture on both sides (ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1
-# declares it; not yet seen on a GPU), plus NVFP4's capture-off twin for the
-# on/off greedy identity. Each server's arena is capped (a capturing server
-# backs all of it). MAX plans weights + a fixed 15 GiB of Gemma 4 activations
-# (+ 0.3 GiB signal buffers) within 0.9 of the arena, and the arena is a
-# percentage of the memory free when the server starts: in session 0 the
-# first cell starts alone, so the others see ~104 of 140 GiB (run 5: at 25 %
-# and 45 % both refused "don't leave room for KV cache"). NVFP4 needs 25.6
-# GiB (first: 25 % of 140), its twin 25.6 (30 % of 104), bf16 45.2 GiB (52 %
-# of 104); when all three start together (session 1) that is 35 + 73 GiB
-# backed + the uncaptured twin's ~24 GiB.
+# Issue #6: Gemma 4 at 31B geometry: MAX built-in bf16 vs NVFP4-all vs
+# QUANT_IGNORE=self_attn. Neither of MAX 26.7's built-in Gemma 4s compiles for
+# sm_90a there (bench/sm90_model_compile.py --max-builtin), so the baseline is
+# ours at bf16 passthrough (MAX's ModuleV3 Gemma 4 layers, two matmuls split)
+# *without* capture: MAX's built-in for Gemma4ForConditionalGeneration, the
+# 31B's architecture, does not capture. Ours capture (ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1),
+# plus NVFP4's capture-off twin for the on/off greedy identity.
+# Memory: MAX plans weights + a fixed 15 GiB of Gemma 4 activations (+ 0.3
+# GiB signal buffers) within 0.9 of a server's arena; the arena is a
+# percentage of the memory free when the server starts, and a capturing
+# server backs all of it. The harness starts the first cell alone in every
+# session, so the others see ~104 of 140 GiB (run 5). Needs (GiB): NVFP4-all
+# 25.6 (25 % of 140 = 35, backed), bf16 45.2 (51 % of 104: 53, uses ~33),
+# NVFP4-MLP 31.3 (36 % of 104: 38, backed), the twin 25.6 (30 % of 104: 31,
+# uses ~13): ~120 GiB in all. Listed in priority: session 1's last cells are
+# the first a short lease loses.
 G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
-G4_CELLS="${G4_CELLS-attnquant-nvfp4:on+$G4CAP=25 attnquant-nvfp4:off+$G4CAP=30 attnquant-bf16:on+$G4CAP=52}"
-# If the bf16 capture cell measured nothing: the comparison uncaptured (NVFP4
-# with the GEMV dispatch: no per-projection branch, ~23 us each uncaptured).
-G4_FALLBACK_CELLS="${G4_FALLBACK_CELLS-attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv attnquant-bf16:off}"
+G4_CELLS="${G4_CELLS-attnquant-nvfp4:on+$G4CAP=25 attnquant-bf16:off+$G4CAP=51 \
+attnquant-nvfp4-mlp:on+$G4CAP=36 attnquant-nvfp4:off+$G4CAP=30}"
+# If NVFP4 with capture measured nothing: both NVFP4 variants uncaptured, on the
+# GEMV dispatch (no per-projection branch, ~23 us each uncaptured).
+G4_FALLBACK_CELLS="${G4_FALLBACK_CELLS-attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv \
+attnquant-nvfp4-mlp:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 
 run_gemma4() {  # alone, or after run on the same machine: shares the lock
   memory_env "${G4_MM_PERCENT-}"  # per cell above; empty here
@@ -103,7 +108,7 @@ run_gemma4() {  # alone, or after run on the same machine: shares the lock
   python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
   # shellcheck disable=SC2086
   bench gemma4 "$WORK/g4-model" "${G4_FRACTION:-0.9}" 8500 8 $G4_CELLS  # 0.9 of each capped arena
-  if ! grep -qs '"cell": "attnquant-bf16:on' "$WORK/gemma4/results.jsonl" && [ -n "$G4_FALLBACK_CELLS" ]; then
+  if ! grep -qs '"cell": "attnquant-nvfp4:on' "$WORK/gemma4/results.jsonl" && [ -n "$G4_FALLBACK_CELLS" ]; then
     # shellcheck disable=SC2086
     bench gemma4-uncaptured "$WORK/g4-model" "${G4_FALLBACK_FRACTION:-0.42}" 8600 8 $G4_FALLBACK_CELLS
   fi

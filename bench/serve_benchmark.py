@@ -2,7 +2,7 @@
 
 ``python bench/serve_benchmark.py --model DIR --cells CELL ... --sessions 2
 --trials 3 --out results.jsonl`` runs, for each server session, one server per
-cell (all start and compile at once), then one server at a time, ``--trials``
+cell (the first alone, then the rest at once), then one server at a time, ``--trials``
 runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
 ``--num-prompts`` prompts, temperature 0; through
 ``bench/max_benchmark_inprocess.py``: MAX's benchmark, a cell's trials in one
@@ -10,7 +10,8 @@ process); it appends one JSON line per trial,
 stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
 each cell's greedy 48-token completion with the first cell's and with its
-capture twin's (the same cell with capture flipped), when that cell is run.
+capture twin's (the same cell with capture flipped; its arena size may
+differ), when that cell is run.
 
 ``--gpu-lock FILE`` lets several harnesses share one GPU: each holds an
 exclusive lock on FILE while it measures a cell, so measurements never overlap
@@ -175,9 +176,12 @@ def run_session(
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
             servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction, args.threads), port, log)
-            if i == 0 and session == 0 and len(cells) > 1:
+            if i == 0 and len(cells) > 1:
                 # The first server alone fills MAX's kernel caches (two first
-                # compiles of one kernel library race: "file too short").
+                # compiles of one kernel library race: "file too short"), and
+                # in every session, because MAX sizes a server's memory arena
+                # (MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT) from the
+                # memory free when it starts: one start order, one plan (run 5).
                 with contextlib.suppress(RuntimeError, TimeoutError):
                     wait_ready(servers[cell.spec][0], port, log, args.ready_timeout)
         for cell in cells:
@@ -238,11 +242,17 @@ def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
     return f"{spec}: median {statistics.median(tok_s):.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
 
 
-def capture_twin(spec: str) -> str:
-    """The same cell with device graph capture flipped."""
-    head, sep, extra = spec.partition("+")
-    variant, _, capture = head.partition(":")
-    return f"{variant}:{'off' if capture == 'on' else 'on'}{sep}{extra}"
+PLACEMENT_ENV = ("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT",)
+"""Where a server's memory goes, not what it computes: twins may differ in it."""
+
+
+def capture_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell that differs from ``cell`` only in capture (and memory placement)."""
+
+    def computes(c: Cell) -> tuple:
+        return c.variant, sorted((k, v) for k, v in c.env.items() if k not in PLACEMENT_ENV)
+
+    return next((c for c in cells if c.capture != cell.capture and computes(c) == computes(cell)), None)
 
 
 def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> None:
@@ -254,7 +264,8 @@ def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> Non
         if not seen:
             continue
         line = f"greedy text {cell.spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}"
-        twin = texts.get(capture_twin(cell.spec))
+        twin_cell = capture_twin(cell, cells)
+        twin = texts.get(twin_cell.spec) if twin_cell else None
         if twin:
             line += f", same as capture twin={seen[0] == twin[0]}"
         print(line, flush=True)

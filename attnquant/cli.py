@@ -20,7 +20,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from attnquant import __version__, nvfp4
+from attnquant import __version__, nvfp4, prepare_device
 from attnquant.checkpoint import load_state_dict, read_config
 from attnquant.config import AttnQuantConfig
 from attnquant.projections import PROJECTIONS_BY_BLOCK, ProjectionKey
@@ -152,7 +152,9 @@ def run_quantize(args: argparse.Namespace) -> int:
     config = _quantize_config(args)
     source_config = read_config(args.model_dir)
     state_dict = load_state_dict(args.model_dir)
-    result = precompute_outside(state_dict, config, progress=not args.no_progress)
+    prepare = prepare_device.for_host(config.prepare_device)
+    result = precompute_outside(state_dict, config, progress=not args.no_progress, device=prepare.device)
+    prepare_device.release(prepare)
     ignore = modelopt_ignore_list(result.report)
 
     staging = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -169,7 +171,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         _replace_dir(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"{result.report.summary_line()}; wrote {out}")
+    print(f"{result.report.summary_line()}; prepared on {prepare.device} ({prepare.reason}); wrote {out}")
     return 0
 
 

@@ -143,6 +143,14 @@ SETTINGS: tuple[Setting, ...] = (
         changes_weights=True,
     ),
     Setting(
+        "ATTNQUANT_PREPARE_DEVICE", "prepare_device", _parse_choice("auto", "cpu", "gpu"),
+        _constant("auto"), "auto", "auto, cpu, gpu",
+        "Where load-time W_eff and NVFP4 quantization run: auto = the serving GPU when "
+        "torch can use it (a CUDA or ROCm build), else the CPU; gpu = that GPU or an "
+        "error. Same weights either way (RTN); torch quantized at ~45 GB/s on an H200, "
+        "the host well under 1 GB/s (docs/metrics.md).",
+    ),
+    Setting(
         "ATTNQUANT_NVFP4_DISPATCH", "nvfp4_dispatch", _parse_choice("auto", "gemv"), _constant("auto"),
         "auto", "auto, gemv",
         "NVFP4 projections on a GPU: auto = the GEMV kernel up to 16 tokens, dequantize + "
@@ -153,8 +161,9 @@ SETTINGS: tuple[Setting, ...] = (
         "ATTNQUANT_GEMMA4_GRAPH_CAPTURE", "gemma4_graph_capture", _parse_bool, _constant(False),
         "0", _BOOL,
         "Declare device graph capture for our Gemma 4 text models (read when the "
-        "architectures register). Off until it is checked on a GPU; with 1, MAX "
-        "captures decode steps by default on CUDA (--no-device-graph-capture turns it off).",
+        "architectures register). Off until its capture on/off identity is checked on a "
+        "GPU (it has captured and served on the H200: docs/throughput.md, run 5); with 1, "
+        "MAX captures decode steps by default on CUDA (--no-device-graph-capture turns it off).",
     ),
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
@@ -206,6 +215,7 @@ class AttnQuantConfig:
     quant: Literal["none", "nvfp4"] = "none"
     quant_ignore: tuple[str, ...] = ()
     scale_search: Literal["rtn", "mse"] = "rtn"
+    prepare_device: Literal["auto", "cpu", "gpu"] = "auto"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
     gemma4_graph_capture: bool = False
     gemm: bool | None = None

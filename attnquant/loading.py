@@ -20,11 +20,12 @@ import torch
 from max.driver import Device
 from max.dtype import DType
 
-from attnquant import kernels
+from attnquant import kernels, prepare_device
 from attnquant.cache import CacheKey, QuantizedWeightCache
 from attnquant.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
 from attnquant.matmul import MIN_INNER_MULTIPLE
+from attnquant.prepare_device import PrepareDevice
 from attnquant.projections import find_projections
 from attnquant.reconstruct import precompute_outside
 from attnquant.reconstruction_path import GENERATED_MLP, PathChoice, ReconstructionPath, choose_path
@@ -95,7 +96,8 @@ def prepare_weights(
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     start = time.monotonic()
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
-        served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers)
+        prepare = prepare_device.choose(config.prepare_device, str(device.api), device.id)
+        served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers, prepare)
         runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
         plan = lay_out_for_kernels(runtime, plan, dtype, device, gemv_only=config.nvfp4_dispatch == "gemv")
     else:
@@ -198,6 +200,7 @@ def _served_tensors(
     config: AttnQuantConfig,
     checkpoint_files: Sequence[Path],
     num_layers: int,
+    prepare: PrepareDevice,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     if not needs_precompute(config, num_layers):
         return tensors, False
@@ -207,7 +210,7 @@ def _served_tensors(
 
     def build() -> dict[str, torch.Tensor]:
         logger.info("attnquant: computing served weights (%s)", config.describe())
-        return precompute_outside(projections, config).state_dict
+        return _precompute_on(prepare, projections, config)
 
     if not config.cache:
         return {**others, **build()}, False
@@ -218,6 +221,26 @@ def _served_tensors(
     key = CacheKey.for_model(f"{checkpoint_identity(model_dir)}:{names}", config)
     cached, hit = QuantizedWeightCache(config.cache_dir).load_or_build(key, build)
     return {**others, **cached}, hit
+
+
+def _precompute_on(
+    prepare: PrepareDevice, projections: dict[str, torch.Tensor], config: AttnQuantConfig
+) -> dict[str, torch.Tensor]:
+    """precompute_outside on the chosen device; with ``auto``, a GPU failure
+    (out of memory beside other servers, a driver error) falls back to the CPU."""
+    logger.info("attnquant: preparing weights on %s: %s", prepare.device, prepare.reason)
+    try:
+        return precompute_outside(projections, config, device=prepare.device).state_dict
+    except RuntimeError as error:  # torch's CUDA errors, out of memory included
+        if not prepare.is_gpu or config.prepare_device == "gpu":
+            raise
+        logger.warning(
+            "attnquant: preparing weights on %s failed (%s); preparing them on the CPU instead "
+            "(ATTNQUANT_PREPARE_DEVICE=cpu skips the attempt)", prepare.device, str(error).splitlines()[0],
+        )  # fmt: skip
+    finally:
+        prepare_device.release(prepare)
+    return precompute_outside(projections, config).state_dict
 
 
 def _summary(

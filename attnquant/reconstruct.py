@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from attnquant import nvfp4
 from attnquant.config import AttnQuantConfig
+from attnquant.prepare_device import CPU
 from attnquant.projections import ProjectionKey, find_projections, is_ignored
 from attnquant.runtime_layout import group_name
 from attnquant.theta import ThetaBundle, build_theta
@@ -134,15 +135,21 @@ def num_layers_of(keys: list[ProjectionKey]) -> int:
 
 
 def precompute_outside(
-    state_dict: Mapping[str, torch.Tensor], config: AttnQuantConfig, *, progress: bool = True
+    state_dict: Mapping[str, torch.Tensor],
+    config: AttnQuantConfig,
+    *,
+    progress: bool = True,
+    device: torch.device = CPU,
 ) -> PrecomputeResult:
     """The served state dict: W_eff for every projection, NVFP4 if configured.
 
     Non-projection tensors are passed through as the same objects, and so is
     every projection that is passthrough (G = L) and stays unquantized.
-    Projections are handled one at a time, so beyond the input and the
-    output the working memory is about one layer's float32 temporaries (plus
-    the band means W0 when G < L).
+    Projections are handled one fused group at a time, so beyond the input and
+    the output the working memory is about one group's float32 temporaries
+    (plus the band means W0 when G < L). ``device``: where W_eff and the
+    quantization are computed (the theta fit stays on the host); the results
+    come back to the host.
 
     Raises:
         ValueError: for a state dict without projections, a bad G or R, or a
@@ -166,17 +173,21 @@ def precompute_outside(
     norm2_of_layer: dict[int, float] = defaultdict(float)
     bar = tqdm(total=len(keys), desc="attnquant projections", disable=not progress)
     for group in fusion_groups(keys):
-        w_effs = {key: _served_weight(theta, key, weights[key]) for key in group}
+        # A passthrough projection that stays unquantized is served as is (no copy).
+        originals = {
+            key: weights[key] if _unchanged(theta, key, quantized) else weights[key].to(device)
+            for key in group
+        }
+        w_effs = {key: _served_weight(theta, key, originals[key]) for key in group}
         # One global scale for the NVFP4 members of a fused group (ModelOpt's
         # convention): the fused matmul then needs no per-row rescale.
         amax = _shared_amax([w for key, w in w_effs.items() if key in quantized])
         for key, w_eff in w_effs.items():
-            error2, norm2 = _squared_error_terms(weights[key], w_eff)
+            error2, norm2 = _squared_error_terms(originals[key], w_eff)
             error2_of_layer[key.layer] += error2
             norm2_of_layer[key.layer] += norm2
-            replacements[key.weight_name] = (
-                _nvfp4_tensors(key, w_eff, config, amax) if key in quantized else {key.weight_name: w_eff}
-            )
+            out = _nvfp4_tensors(key, w_eff, config, amax) if key in quantized else {key.weight_name: w_eff}
+            replacements[key.weight_name] = {name: t.to(CPU) for name, t in out.items()}
             bar.update()
     bar.close()
 
@@ -200,13 +211,18 @@ def precompute_outside(
     return PrecomputeResult(served, report)
 
 
+def _unchanged(theta: ThetaBundle, key: ProjectionKey, quantized: set[ProjectionKey]) -> bool:
+    return key not in quantized and theta.is_passthrough((key.family, key.layer))
+
+
 def _served_weight(theta: ThetaBundle, key: ProjectionKey, weight: torch.Tensor) -> torch.Tensor:
     layer_id = (key.family, key.layer)
     if theta.is_passthrough(layer_id):
         # effective_weight would return an identical copy; skip the copy.
         return weight
     layer = theta.layers[layer_id]
-    return effective_weight(theta.shared[layer.group], layer.scale, layer.u, layer.v, weight.dtype)
+    factors = (theta.shared[layer.group], layer.scale, layer.u, layer.v)
+    return effective_weight(*(t.to(weight.device) for t in factors), weight.dtype)
 
 
 def fusion_groups(keys: list[ProjectionKey]) -> list[list[ProjectionKey]]:

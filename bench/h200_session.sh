@@ -22,6 +22,9 @@ WORK="${WORK:-/tmp/h200-session}"
 OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
+# Weight preparation on the host, as in runs 1-6, until GPU preparation has
+# served on the H200 (one Gemma 4 cell asks for it; a cell's +ENV overrides).
+export ATTNQUANT_PREPARE_DEVICE="${ATTNQUANT_PREPARE_DEVICE:-cpu}"
 # Issue #5: the end-to-end decode cells (capture pinned on every cell).
 # NVFP4 + capture first (the harness starts the first cell alone). NVFP4 capture
 # off with DISPATCH=gemv (no F.cond) is the A/B for capture-off NVFP4's slowness.
@@ -94,8 +97,11 @@ run() {
 # uses ~13): ~120 GiB in all. Listed in priority: session 1's last cells are
 # the first a short lease loses.
 G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
+# Weights are prepared on the host (ATTNQUANT_PREPARE_DEVICE=cpu above) except
+# in the NVFP4-MLP cell, the first serving run of GPU preparation: if it
+# breaks, the cell that breaks is not the main one.
 G4_CELLS="${G4_CELLS-attnquant-nvfp4:on+$G4CAP=25 attnquant-bf16:off+$G4CAP=51 \
-attnquant-nvfp4-mlp:on+$G4CAP=36 attnquant-nvfp4:off+$G4CAP=30}"
+attnquant-nvfp4-mlp:on+$G4CAP=36+ATTNQUANT_PREPARE_DEVICE=auto attnquant-nvfp4:off+$G4CAP=30}"
 # If NVFP4 with capture measured nothing: both NVFP4 variants uncaptured, on the
 # GEMV dispatch (no per-projection branch, ~23 us each uncaptured).
 G4_FALLBACK_CELLS="${G4_FALLBACK_CELLS-attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv \
@@ -106,6 +112,8 @@ run_gemma4() {  # alone, or after run on the same machine: shares the lock
   # 30 layers: the bytes-per-token ceiling of NVFP4-all over bf16 is 2.90x
   # there (1.94x at 6 layers: the bf16 LM head dominates; docs/throughput.md).
   python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
+  # NVFP4 preparation on the GPU vs the host, 2 layers: same bits? how fast?
+  timeout 240 python3 "$HERE/prepare_device_check.py" "$WORK/g4-model" --layers 2 > "$WORK/prepare-device.txt" 2>&1
   # shellcheck disable=SC2086
   bench gemma4 "$WORK/g4-model" "${G4_FRACTION:-0.9}" 8500 8 $G4_CELLS  # 0.9 of each capped arena
   if ! grep -qs '"cell": "attnquant-nvfp4:on' "$WORK/gemma4/results.jsonl" && [ -n "$G4_FALLBACK_CELLS" ]; then
@@ -129,7 +137,7 @@ collect() {  # at most 8 files come back
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" | grep -v "^INFO.*HTTP" | tail -25
   done > "$OUT/server-logs.txt" 2>/dev/null
-  cat "$WORK"/gemma4-session.log >> "$OUT/session.txt" 2>/dev/null
+  cat "$WORK"/gemma4-session.log "$WORK"/prepare-device.txt >> "$OUT/session.txt" 2>/dev/null
   tail -n 400 "$WORK/gpumem.log" > "$OUT/gpumem.txt" 2>/dev/null
   finished && echo "experiment done" || echo "experiment still running"
   tail -n 30 "$WORK"/*-table.txt "$WORK"/genlin.txt 2>/dev/null

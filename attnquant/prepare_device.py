@@ -1,8 +1,9 @@
 """Where load-time weight preparation (W_eff, NVFP4 quantization) runs.
 
-Preparing is elementwise work over every projection weight: on the host it
-ran at ~250 MB/s of bf16 with four threads on the H200's host (112 s for the
-28 GiB of projections of 30 Gemma 4 31B layers, docs/throughput.md run 5);
+Preparing is elementwise work over every projection weight. On the H200's
+host, with four threads, the first load of 30 Gemma 4 31B layers (28 GiB of
+bf16 projections) took 112 s to prepare, quantization, cache write and kernel
+layout together (docs/throughput.md, run 5; the split was not measured);
 torch on the GPU quantizes at 44-48 GB/s (docs/metrics.md). The RTN
 quantizer's output is the same bits on both (bench/quantize_speed.py checks
 it against MAX's reference on each), so the device changes the time, not the

@@ -47,6 +47,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpu_clocks import ClockSampler  # this directory
 from max_benchmark_inprocess import trial_results  # this directory; imports no MAX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -213,7 +214,9 @@ def run_session(
 
 def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
     result = args.out.parent / f"bench-{cell.slug}-{session}.json"
-    for trial, r in enumerate(run_trials(args.model, port, result, args.num_prompts, args.trials)):
+    with ClockSampler() as clocks:
+        trials = run_trials(args.model, port, result, args.num_prompts, args.trials)
+    for trial, r in enumerate(trials):
         row = {
             "cell": cell.spec, "session": session, "trial": trial,
             # At concurrency 1: generated tokens over the trial's wall time.
@@ -221,6 +224,8 @@ def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, 
             "mean_tpot_ms": r.get("mean_tpot_ms"),
             "mean_ttft_ms": r.get("mean_ttft_ms"),
             "unix_time": r["unix_time"],
+            # The trial ended when its result file was written.
+            **clocks.during(r["unix_time"] - r["duration"], r["unix_time"]),
         }  # fmt: skip
         rows.append(row)
         with args.out.open("a") as f:

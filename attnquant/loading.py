@@ -96,8 +96,7 @@ def prepare_weights(
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     start = time.monotonic()
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
-        prepare = prepare_device.choose(config.prepare_device, str(device.api), device.id)
-        served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers, prepare)
+        served, hit = _served_tensors(tensors, config, checkpoint_files, num_layers, device)
         runtime, plan = to_runtime_layout(served, fuse=config.qkv_fuse, dtype=torch_dtype(dtype))
         plan = lay_out_for_kernels(runtime, plan, dtype, device, gemv_only=config.nvfp4_dispatch == "gemv")
     else:
@@ -200,7 +199,7 @@ def _served_tensors(
     config: AttnQuantConfig,
     checkpoint_files: Sequence[Path],
     num_layers: int,
-    prepare: PrepareDevice,
+    device: Device,
 ) -> tuple[dict[str, torch.Tensor], bool]:
     if not needs_precompute(config, num_layers):
         return tensors, False
@@ -210,6 +209,8 @@ def _served_tensors(
 
     def build() -> dict[str, torch.Tensor]:
         logger.info("attnquant: computing served weights (%s)", config.describe())
+        # Chosen only when there is work: a cache hit never touches torch's GPU.
+        prepare = prepare_device.choose(config.prepare_device, str(device.api), device.id)
         return _precompute_on(prepare, projections, config)
 
     if not config.cache:

@@ -404,8 +404,10 @@ def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | Non
     return (
         "attnquant: NVFP4 on a GPU without device graph capture: each projection chooses "
         "GEMV or dequantize+matmul with a run-time branch, measured at +2.4 ms per decode "
-        "step for Gemma 3 1B on an H200 (docs/throughput.md, run 4). Remove "
-        "--no-device-graph-capture (MAX captures this architecture by default), or set "
+        "step for Gemma 3 1B and +2.2 ms for 30 layers of Gemma 4 31B on an H200 "
+        "(docs/throughput.md, runs 4 and 7). Remove --no-device-graph-capture (MAX captures "
+        "attnquant's architectures by default; for Gemma 4, unless "
+        "ATTNQUANT_GEMMA4_GRAPH_CAPTURE=0), or set "
         "ATTNQUANT_NVFP4_DISPATCH=gemv (no branch; prefill re-reads the weights every "
         f"{GEMV_MAX_M} tokens)."
     )

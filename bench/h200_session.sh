@@ -13,7 +13,8 @@
 # first trial (in run 3 a trial beside nine compiling servers ran at 40 %).
 # The generated_linear kernel check runs last, on an idle card (KERNEL_BENCH=1).
 # Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.5: MAX applies it to the
-# capped arena), MM_PERCENT (10; empty: MAX's default), G4_MM_PERCENT (empty;
+# capped arena), INGRAPH_SET (a or b: half of #7's grid each), MM_PERCENT
+# (10; empty: MAX's default), G4_MM_PERCENT (empty;
 # the Gemma 4 cells set their own), G4_CELLS, G4_FALLBACK_CELLS, G4_LAYERS (30),
 # G4_FRACTION (0.9), G4_FALLBACK_FRACTION (0.42), SESSIONS (2), TRIALS (3 per
 # session), KERNEL_BENCH (0), WAIT_S (540).
@@ -37,12 +38,24 @@ attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Run 3 measured generated_linear at G=13 R=4; GEMM and fold at R=4 needed the
 # rank padding (attnquant.matmul.MIN_INNER_MULTIPLE).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
-INGRAPH_CELLS="${INGRAPH_CELLS-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
-$IG+ATTNQUANT_GEMM=1+ATTNQUANT_BLOCKS=26 \
-$IG+ATTNQUANT_GEMM=0+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
-$IG+ATTNQUANT_PRECOMPUTE=1+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4}"
+GEMM="$IG+ATTNQUANT_GEMM=1" GENERATED="$IG+ATTNQUANT_GEMM=0" FOLD="$IG+ATTNQUANT_PRECOMPUTE=1"
+# Issue #7's grid: each path at G in {1, 13, 26} x R in {4, 32} (G = 26 is
+# passthrough: no residual, R does not apply), 15 cells. Nine capturing
+# servers fill the card, so it takes two leases: INGRAPH_SET=a (run 4's six
+# cells again, for their second session, + GEMM G=1 R=32), then b (the rest).
+# E2E_CELLS="attnquant-bf16:on" gives both their baseline (dense W_eff).
+case "${INGRAPH_SET:-a}" in
+  a) SET="$GEMM+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 $GEMM+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
+$GEMM+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 $GEMM+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$GEMM+ATTNQUANT_BLOCKS=26 $GENERATED+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 \
+$FOLD+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4" ;;
+  b) SET="$GENERATED+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 $GENERATED+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
+$GENERATED+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=4 $GENERATED+ATTNQUANT_BLOCKS=26 \
+$FOLD+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 $FOLD+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
+$FOLD+ATTNQUANT_BLOCKS=13+ATTNQUANT_RANK=32 $FOLD+ATTNQUANT_BLOCKS=26" ;;
+  *) echo "INGRAPH_SET must be a or b, not '$INGRAPH_SET'" >&2; exit 2 ;;
+esac
+INGRAPH_CELLS="${INGRAPH_CELLS-$SET}"
 
 bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
   local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
@@ -94,8 +107,9 @@ run() {
 # session, so the others see ~104 of 140 GiB (run 5). Needs (GiB): NVFP4-all
 # 25.6 (25 % of 140 = 35, backed), bf16 45.2 (51 % of 104: 53, uses ~33),
 # NVFP4-MLP 31.3 (36 % of 104: 38, backed), the twin 25.6 (30 % of 104: 31,
-# uses ~13): ~120 GiB in all. Listed in priority: session 1's last cells are
-# the first a short lease loses.
+# uses ~13): ~120 GiB in all (run 7 measured 35.6 + 33.1 + 37.4 + 13.8 =
+# 122 GiB; all 24 trials were done 22 device minutes after the machine started). Listed in priority:
+# session 1's last cells are the first a short lease loses.
 G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
 # Weights are prepared on the host (ATTNQUANT_PREPARE_DEVICE=cpu above) except
 # in the NVFP4-MLP cell, the first serving run of GPU preparation: if it
@@ -135,7 +149,9 @@ collect() {  # at most 8 files come back
   cat "$WORK"/*/results.jsonl > "$OUT/results.jsonl" 2>/dev/null
   for f in "$WORK"/*/greedy_texts.json; do echo "== $f"; cat "$f"; done > "$OUT/greedy.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
-    echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" | grep -v "^INFO.*HTTP" | tail -25
+    # (progress bars left out: in run 7 they pushed the preparation-device line out)
+    echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
+      grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -40
   done > "$OUT/server-logs.txt" 2>/dev/null
   cat "$WORK"/gemma4-session.log "$WORK"/prepare-device.txt >> "$OUT/session.txt" 2>/dev/null
   tail -n 400 "$WORK/gpumem.log" > "$OUT/gpumem.txt" 2>/dev/null

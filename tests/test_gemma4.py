@@ -113,11 +113,11 @@ def test_capture_buffers_follow_the_compiled_call_order() -> None:
     assert inputs.buffers == ("tokens", "n", "offsets", "embeddings", "indices", "kv0", "kv1", "kv2")
 
 
-@pytest.mark.parametrize("value, declared", [("", False), ("1", True)])
-def test_capture_is_declared_only_on_request(value: str, declared: bool) -> None:
-    """Until checked on a GPU, ATTNQUANT_GEMMA4_GRAPH_CAPTURE decides whether
-    our Gemma 4 text architectures declare capture (MAX would then capture by
-    default); the MTP target keeps MAX's setting."""
+@pytest.mark.parametrize("value, declared", [("", True), ("1", True), ("0", False)])
+def test_capture_is_declared_unless_turned_off(value: str, declared: bool) -> None:
+    """ATTNQUANT_GEMMA4_GRAPH_CAPTURE (default on) decides whether our Gemma 4
+    architectures declare capture (MAX then captures by default); the MTP
+    target keeps MAX's setting."""
     code = (
         "from models.gemma4.arch import gemma4_arch, gemma4_unified_arch, gemma4_mtp_arch\n"
         "from models.gemma4.inputs import AttnQuantGemma4BatchProcessor as B\n"

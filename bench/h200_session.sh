@@ -108,8 +108,9 @@ run() {
 # 25.6 (25 % of 140 = 35, backed), bf16 45.2 (51 % of 104: 53, uses ~33),
 # NVFP4-MLP 31.3 (36 % of 104: 38, backed), the twin 25.6 (30 % of 104: 31,
 # uses ~13): ~120 GiB in all (run 7 measured 35.6 + 33.1 + 37.4 + 13.8 =
-# 122 GiB; all 24 trials were done 22 device minutes after the machine started). Listed in priority:
-# session 1's last cells are the first a short lease loses.
+# 122 GiB; all 24 trials were done 22 device minutes after the machine
+# started). Listed in priority: session 1's last cells are the first a short
+# lease loses.
 G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
 # Weights are prepared on the host (ATTNQUANT_PREPARE_DEVICE=cpu above) except
 # in the NVFP4-MLP cell, the first serving run of GPU preparation: if it

@@ -20,6 +20,7 @@
 # session), KERNEL_BENCH (0), WAIT_S (540).
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
+DRAFT_ARGS=""  # set by run_gemma4 when a cell drafts with the assistant (MTP)
 OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
@@ -60,7 +61,8 @@ INGRAPH_CELLS="${INGRAPH_CELLS-$SET}"
 bench() {  # bench NAME MODEL MEMORY_FRACTION PORT PROMPTS CELLS...
   local name=$1 model=$2 fraction=$3 port=$4 prompts=$5; shift 5
   mkdir -p "$WORK/$name"
-  python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" \
+  # shellcheck disable=SC2086  # DRAFT_ARGS: zero or four words
+  python3 "$HERE/serve_benchmark.py" --model "$model" --cells "$@" $DRAFT_ARGS \
     --sessions "${SESSIONS:-2}" --trials "${TRIALS:-3}" --num-prompts "$prompts" \
     --memory-fraction "$fraction" --port-base "$port" --gpu-lock "$LOCK" \
     --out "$WORK/$name/results.jsonl" > "$WORK/$name-table.txt" 2>&1
@@ -129,6 +131,11 @@ run_gemma4() {  # alone, or after run on the same machine: shares the lock
   python3 "$HERE/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
   # NVFP4 preparation on the GPU vs the host, 2 layers: same bits? how fast?
   timeout 240 python3 "$HERE/prepare_device_check.py" "$WORK/g4-model" --layers 2 > "$WORK/prepare-device.txt" 2>&1
+  case "$G4_CELLS" in *-mtp3*)  # a random assistant, and the target under the name MAX pairs with it
+    python3 "$HERE/make_random_gemma4_assistant.py" "$WORK/g4-model" "$WORK/g4-assistant" \
+      --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -2
+    DRAFT_ARGS="--draft-model $WORK/g4-assistant --mtp-target $WORK/g4-mtp" ;;
+  esac
   # shellcheck disable=SC2086
   bench gemma4 "$WORK/g4-model" "${G4_FRACTION:-0.9}" 8500 8 $G4_CELLS  # 0.9 of each capped arena
   if ! grep -qs '"cell": "attnquant-nvfp4:on' "$WORK/gemma4/results.jsonl" && [ -n "$G4_FALLBACK_CELLS" ]; then

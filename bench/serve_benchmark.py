@@ -28,6 +28,11 @@ Variants:
   attnquant-bf16        ours, passthrough weights, bf16
   attnquant-nvfp4       ours, every projection NVFP4
   attnquant-nvfp4-mlp   ours, NVFP4 except attention (ATTNQUANT_QUANT_IGNORE=self_attn)
+  attnquant-nvfp4-mtp3  ours, every projection NVFP4, with the Gemma 4 assistant
+                        ``--draft-model`` drafting 3 tokens (MAX's MTP speculative
+                        decoding); served from ``--mtp-target`` (the checkpoint
+                        named Gemma4ForConditionalGeneration, which MAX pairs
+                        with an assistant: bench/make_random_gemma4_assistant.py)
 """
 
 from __future__ import annotations
@@ -58,7 +63,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "attnquant-bf16": (OURS, {"ATTNQUANT_QUANT": "none"}),
     "attnquant-nvfp4": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
     "attnquant-nvfp4-mlp": (OURS, {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"}),
+    "attnquant-nvfp4-mtp3": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
 }
+DRAFTED_TOKENS = {"attnquant-nvfp4-mtp3": 3}  # variants served with the assistant drafter
 LOAD_LINE = re.compile(r"attnquant load: .*")
 
 
@@ -79,22 +86,39 @@ class Cell:
         return cls(spec, variant, capture == "on", env)
 
     @property
+    def drafted_tokens(self) -> int:
+        return DRAFTED_TOKENS.get(self.variant, 0)
+
+    @property
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
 
 
-def launch(cell: Cell, model: Path, port: int, log: Path, memory_fraction: float, threads: int) -> subprocess.Popen:
+def served_model(cell: Cell, args: argparse.Namespace) -> Path:
+    """The checkpoint a cell serves (also the model name its requests use)."""
+    return args.mtp_target if cell.drafted_tokens else args.model
+
+
+def speculative_args(cell: Cell, args: argparse.Namespace) -> list[str]:
+    if not cell.drafted_tokens:
+        return []
+    return ["--draft-model-path", str(args.draft_model), "--speculative-method", "mtp",
+            "--num-speculative-tokens", str(cell.drafted_tokens)]  # fmt: skip
+
+
+def launch(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
     command, env = VARIANTS[cell.variant]
-    args = [
-        *command, "serve", "--model-path", str(model), "--port", str(port),
+    server_args = [
+        *command, "serve", "--model-path", str(served_model(cell, args)), "--port", str(port),
         "--max-length", "2048", "--max-batch-size", "8", "--enable-in-flight-batching",
-        "--device-memory-utilization", str(memory_fraction),
+        "--device-memory-utilization", str(args.memory_fraction),
         "--device-graph-capture" if cell.capture else "--no-device-graph-capture",
+        *speculative_args(cell, args),
     ]  # fmt: skip
     return subprocess.Popen(
         # Host threads per server: several servers on one host each sizing
         # torch/OpenMP pools to every core thrash (theta builds ran 30x slower).
-        args, env={**os.environ, "OMP_NUM_THREADS": str(threads), **env, **cell.env}, stdout=log.open("ab"),
+        server_args, env={**os.environ, "OMP_NUM_THREADS": str(args.threads), **env, **cell.env}, stdout=log.open("ab"),
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 
@@ -176,7 +200,7 @@ def run_session(
         for i, cell in enumerate(cells):
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
-            servers[cell.spec] = (launch(cell, args.model, port, log, args.memory_fraction, args.threads), port, log)
+            servers[cell.spec] = (launch(cell, args, port, log), port, log)
             if i == 0 and len(cells) > 1:
                 # The first server alone fills MAX's kernel caches (two first
                 # compiles of one kernel library race: "file too short"), and
@@ -194,7 +218,8 @@ def run_session(
                 continue
             load = LOAD_LINE.findall(log.read_text(errors="replace"))
             print(f"ready: {cell.spec} session {session} ({ready_s:.0f}s) {load[-1] if load else ''}", flush=True)
-            texts.setdefault(cell.spec, []).append(greedy_text(port, args.model, "w100 w200 w300", 48))
+            text = greedy_text(port, served_model(cell, args), "w100 w200 w300", 48)
+            texts.setdefault(cell.spec, []).append(text)
             started.add(cell.spec)
         # Before the trials, not at the end: a run the lease cuts short still
         # says whether capture changed the output (run 4 lost it).
@@ -215,7 +240,7 @@ def run_session(
 def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
     result = args.out.parent / f"bench-{cell.slug}-{session}.json"
     with ClockSampler() as clocks:
-        trials = run_trials(args.model, port, result, args.num_prompts, args.trials)
+        trials = run_trials(served_model(cell, args), port, result, args.num_prompts, args.trials)
     for trial, r in enumerate(trials):
         row = {
             "cell": cell.spec, "session": session, "trial": trial,
@@ -289,11 +314,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
+    parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
+    parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     args = parser.parse_args()
+    args.mtp_target = args.mtp_target or args.model
     # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
     # which stops every server's process group (model workers included).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cells = [Cell.parse(spec) for spec in args.cells]
+    if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
+        parser.error("an attnquant-nvfp4-mtp3 cell needs --draft-model (bench/make_random_gemma4_assistant.py writes one)")
     rows: list[dict] = []
     texts: dict[str, list[str]] = {}
     for session in range(args.sessions):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,13 +18,18 @@ from safetensors.torch import load_file
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-@pytest.fixture(scope="module")
-def random_checkpoint():
+def _bench_module(name: str):
+    """A module of bench/ (they import each other as top-level modules)."""
     sys.path.insert(0, str(BENCH))
     try:
-        yield importlib.import_module("random_checkpoint")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def random_checkpoint():
+    return _bench_module("random_checkpoint")
 
 
 def _written(module, tmp_path: Path, shapes: dict, init) -> dict[str, torch.Tensor]:
@@ -50,14 +56,57 @@ def test_fill_noise_and_zeroed_rows(random_checkpoint, tmp_path: Path) -> None:
 
 
 def test_gemma4_embedding_never_emits_special_tokens(random_checkpoint) -> None:
-    sys.path.insert(0, str(BENCH))
-    try:
-        gemma4 = importlib.import_module("make_random_gemma4")
-    finally:
-        sys.path.remove(str(BENCH))
+    gemma4 = _bench_module("make_random_gemma4")
     from tests.gemma4_fixtures import SPECIAL_TOKENS
 
     embedding = gemma4._init("model.language_model.embed_tokens.weight")
     assert embedding == random_checkpoint.Noise(std=0.002, zero_rows=len(SPECIAL_TOKENS) + 1)
     assert gemma4._init("model.language_model.layers.0.input_layernorm.weight") == 1.0
     assert gemma4._init("model.language_model.layers.0.self_attn.q_proj.weight") is None
+
+
+TINY_ASSISTANT = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64)
+
+
+def test_mtp_assistant_and_target_are_what_max_pairs(random_checkpoint, tmp_path: Path) -> None:
+    """The random MTP pair for the H200: MAX rewrites the linked target to its
+    fused MTP model (ours), and reads the assistant's geometry and the
+    target's width from them as it would from google's checkpoints."""
+    from max.pipelines.architectures.unified_mtp_gemma4.model import UnifiedMTPGemma4Model
+    from max.pipelines.lib.config.config import _apply_speculative_target_architecture
+    from max.pipelines.speculative import SpeculativeConfig
+    from transformers import AutoConfig
+
+    from tests.gemma4_fixtures import SPECIAL_TOKENS, write_tiny_gemma4
+
+    assistant = _bench_module("make_random_gemma4_assistant")
+    target = write_tiny_gemma4(tmp_path / "target")
+    assistant.write_assistant(target, tmp_path / "assistant", TINY_ASSISTANT)
+    assistant.link_mtp_target(target, tmp_path / "mtp")
+
+    tensors = load_file(next((tmp_path / "assistant").glob("*.safetensors")))
+    assert tensors["pre_projection.weight"].shape == (32, 2 * 64)  # [hidden, 2 x target hidden]
+    assert tensors["post_projection.weight"].shape == (64, 32)
+    assert not [name for name in tensors if "k_proj" in name or "v_proj" in name or "lm_head" in name]
+    assert not tensors["model.embed_tokens.weight"][: len(SPECIAL_TOKENS)].any()
+    assert (tmp_path / "mtp" / "model.safetensors").resolve() == (target / "model.safetensors").resolve()
+
+    configs = {name: AutoConfig.from_pretrained(tmp_path / name) for name in ("mtp", "assistant")}
+    models = {"main": SimpleNamespace(huggingface_config=configs["mtp"]),
+              "draft": SimpleNamespace(huggingface_config=configs["assistant"])}  # fmt: skip
+    _apply_speculative_target_architecture(SpeculativeConfig(speculative_method="mtp", num_speculative_tokens=3), models)
+    assert configs["mtp"].architectures == ["UnifiedMTPGemma4ForCausalLM"]
+    assert configs["mtp"].model_type == "gemma4_unified"  # no vision tower built
+
+    draft = UnifiedMTPGemma4Model._create_draft_config(
+        SimpleNamespace(huggingface_config=configs["mtp"]), configs["assistant"], devices=[]
+    )
+    assert (draft.hidden_size, draft.backbone_hidden_size, draft.num_hidden_layers) == (32, 64, 4)
+    assert (draft.vocab_size, draft.head_dim, draft.global_head_dim) == (256, 16, 32)
+
+
+def test_assistant_heads_must_cover_the_targets_kv_heads(random_checkpoint, tmp_path: Path) -> None:
+    assistant = _bench_module("make_random_gemma4_assistant")
+    target = {"text_config": {"hidden_size": 64, "num_key_value_heads": 2, "num_global_key_value_heads": 1}}
+    with pytest.raises(ValueError, match="3 assistant heads: not a multiple of the target's 2 KV heads"):
+        assistant.build_config(target, dict(TINY_ASSISTANT, num_attention_heads=3))

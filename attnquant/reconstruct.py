@@ -13,9 +13,10 @@ W_eff, and with ``ATTNQUANT_QUANT=nvfp4`` by ModelOpt-layout NVFP4 tensors::
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -172,13 +173,17 @@ def precompute_outside(
     error2_of_layer: dict[int, float] = defaultdict(float)
     norm2_of_layer: dict[int, float] = defaultdict(float)
     bar = tqdm(total=len(keys), desc="attnquant projections", disable=not progress)
+    # Each band's W0 goes to ``device`` once, not once per layer of the band:
+    # groups walk the layers in order, so one layer's families are the working set.
+    families = len({key.family for key in keys})
+    shared_w0 = functools.lru_cache(maxsize=families)(lambda group: theta.shared[group].to(device))
     for group in fusion_groups(keys):
         # A passthrough projection that stays unquantized is served as is (no copy).
         originals = {
             key: weights[key] if _unchanged(theta, key, quantized) else weights[key].to(device)
             for key in group
         }
-        w_effs = {key: _served_weight(theta, key, originals[key]) for key in group}
+        w_effs = {key: _served_weight(theta, key, originals[key], shared_w0) for key in group}
         # One global scale for the NVFP4 members of a fused group (ModelOpt's
         # convention): the fused matmul then needs no per-row rescale.
         amax = _shared_amax([w for key, w in w_effs.items() if key in quantized])
@@ -190,6 +195,7 @@ def precompute_outside(
             replacements[key.weight_name] = {name: t.to(CPU) for name, t in out.items()}
             bar.update()
     bar.close()
+    shared_w0.cache_clear()
 
     served = {}
     for name, tensor in state_dict.items():
@@ -215,14 +221,20 @@ def _unchanged(theta: ThetaBundle, key: ProjectionKey, quantized: set[Projection
     return key not in quantized and theta.is_passthrough((key.family, key.layer))
 
 
-def _served_weight(theta: ThetaBundle, key: ProjectionKey, weight: torch.Tensor) -> torch.Tensor:
+def _served_weight(
+    theta: ThetaBundle,
+    key: ProjectionKey,
+    weight: torch.Tensor,
+    shared_w0: Callable[[str], torch.Tensor],
+) -> torch.Tensor:
+    """W_eff on ``weight``'s device; ``shared_w0(group)``: that band's W0 there."""
     layer_id = (key.family, key.layer)
     if theta.is_passthrough(layer_id):
         # effective_weight would return an identical copy; skip the copy.
         return weight
     layer = theta.layers[layer_id]
-    factors = (theta.shared[layer.group], layer.scale, layer.u, layer.v)
-    return effective_weight(*(t.to(weight.device) for t in factors), weight.dtype)
+    factors = (layer.scale, layer.u, layer.v)
+    return effective_weight(shared_w0(layer.group), *(t.to(weight.device) for t in factors), weight.dtype)
 
 
 def fusion_groups(keys: list[ProjectionKey]) -> list[list[ProjectionKey]]:

@@ -55,7 +55,7 @@ def write_weights(out: Path, config, device: str) -> int:
     with torch.device("meta"):
         model = Gemma4UnifiedForConditionalGeneration(config)
         shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
-    return write_random_weights(out, shapes, device, _init)
+    return write_random_weights(out, shapes, device, initial_fill)
 
 
 # The input embedding is scaled by sqrt(hidden) = 73, so at N(0, 0.02) each
@@ -70,7 +70,7 @@ def write_weights(out: Path, config, device: str) -> int:
 EMBEDDING = Noise(std=0.002, zero_rows=len(SPECIAL_TOKENS) + 1)  # + the bare "▁"
 
 
-def _init(name: str) -> float | Noise | None:
+def initial_fill(name: str) -> float | Noise | None:
     if name.endswith(("norm.weight", "layer_scalar")):
         return 1.0  # Gemma 4 norms and layer scalars multiply: ones are the identity
     return EMBEDDING if name.endswith("embed_tokens.weight") else None

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from make_random_gemma4 import _init  # this directory: same fills, same zeroed special rows
+from make_random_gemma4 import initial_fill  # this directory: same fills, same zeroed special rows
 from random_checkpoint import write_random_weights
 
 ASSISTANT_31B = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=32, intermediate_size=8192)
@@ -83,7 +83,7 @@ def write_assistant(target_dir: Path, out: Path, geometry: dict, device: str = "
     shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    total = write_random_weights(out, shapes, device, _init)
+    total = write_random_weights(out, shapes, device, initial_fill)
     for name in TOKENIZER_FILES:
         if (target_dir / name).exists():
             shutil.copy(target_dir / name, out / name)

@@ -6,8 +6,6 @@ special token streamed no text and measured nothing (docs/throughput.md, run 5).
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,21 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench_module(name: str):
-    """A module of bench/ (they import each other as top-level modules)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCH))
+from tests.bench_modules import bench_module
 
 
 @pytest.fixture(scope="module")
 def random_checkpoint():
-    return _bench_module("random_checkpoint")
+    return bench_module("random_checkpoint")
 
 
 def _written(module, tmp_path: Path, shapes: dict, init) -> dict[str, torch.Tensor]:
@@ -56,13 +45,13 @@ def test_fill_noise_and_zeroed_rows(random_checkpoint, tmp_path: Path) -> None:
 
 
 def test_gemma4_embedding_never_emits_special_tokens(random_checkpoint) -> None:
-    gemma4 = _bench_module("make_random_gemma4")
+    gemma4 = bench_module("make_random_gemma4")
     from tests.gemma4_fixtures import SPECIAL_TOKENS
 
-    embedding = gemma4._init("model.language_model.embed_tokens.weight")
+    embedding = gemma4.initial_fill("model.language_model.embed_tokens.weight")
     assert embedding == random_checkpoint.Noise(std=0.002, zero_rows=len(SPECIAL_TOKENS) + 1)
-    assert gemma4._init("model.language_model.layers.0.input_layernorm.weight") == 1.0
-    assert gemma4._init("model.language_model.layers.0.self_attn.q_proj.weight") is None
+    assert gemma4.initial_fill("model.language_model.layers.0.input_layernorm.weight") == 1.0
+    assert gemma4.initial_fill("model.language_model.layers.0.self_attn.q_proj.weight") is None
 
 
 TINY_ASSISTANT = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64)
@@ -79,7 +68,7 @@ def test_mtp_assistant_and_target_are_what_max_pairs(random_checkpoint, tmp_path
 
     from tests.gemma4_fixtures import SPECIAL_TOKENS, write_tiny_gemma4
 
-    assistant = _bench_module("make_random_gemma4_assistant")
+    assistant = bench_module("make_random_gemma4_assistant")
     target = write_tiny_gemma4(tmp_path / "target")
     assistant.write_assistant(target, tmp_path / "assistant", TINY_ASSISTANT)
     assistant.link_mtp_target(target, tmp_path / "mtp")
@@ -106,7 +95,7 @@ def test_mtp_assistant_and_target_are_what_max_pairs(random_checkpoint, tmp_path
 
 
 def test_assistant_heads_must_cover_the_targets_kv_heads(random_checkpoint, tmp_path: Path) -> None:
-    assistant = _bench_module("make_random_gemma4_assistant")
+    assistant = bench_module("make_random_gemma4_assistant")
     target = {"text_config": {"hidden_size": 64, "num_key_value_heads": 2, "num_global_key_value_heads": 1}}
     with pytest.raises(ValueError, match="3 assistant heads: not a multiple of the target's 2 KV heads"):
         assistant.build_config(target, dict(TINY_ASSISTANT, num_attention_heads=3))

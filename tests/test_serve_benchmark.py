@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tests.test_bench_checkpoints import _bench_module
+from tests.bench_modules import bench_module
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -14,7 +14,7 @@ def _args(**overrides) -> argparse.Namespace:
 
 
 def test_mtp_cell_serves_the_mtp_twin_with_the_assistant_drafting_3() -> None:
-    harness = _bench_module("serve_benchmark")
+    harness = bench_module("serve_benchmark")
     cell = harness.Cell.parse("attnquant-nvfp4-mtp3:on+ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1")
     assert harness.served_model(cell, _args()) == Path("/m/mtp")
     assert harness.speculative_args(cell, _args()) == [
@@ -24,7 +24,7 @@ def test_mtp_cell_serves_the_mtp_twin_with_the_assistant_drafting_3() -> None:
 
 
 def test_other_cells_serve_the_model_without_a_drafter() -> None:
-    harness = _bench_module("serve_benchmark")
+    harness = bench_module("serve_benchmark")
     cell = harness.Cell.parse("attnquant-nvfp4:on")
     assert harness.served_model(cell, _args()) == Path("/m/target")
     assert harness.speculative_args(cell, _args()) == []

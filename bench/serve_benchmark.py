@@ -33,6 +33,8 @@ Variants:
                         decoding); served from ``--mtp-target`` (the checkpoint
                         named Gemma4ForConditionalGeneration, which MAX pairs
                         with an assistant: bench/make_random_gemma4_assistant.py)
+  attnquant-bf16-mtp3   the same with passthrough weights: whether what the MTP
+                        path serves depends on NVFP4
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "attnquant-nvfp4": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
     "attnquant-nvfp4-mlp": (OURS, {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"}),
     "attnquant-nvfp4-mtp3": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
+    "attnquant-bf16-mtp3": (OURS, {"ATTNQUANT_QUANT": "none"}),
 }
-DRAFTED_TOKENS = {"attnquant-nvfp4-mtp3": 3}  # variants served with the assistant drafter
+DRAFTED_TOKENS = {"attnquant-nvfp4-mtp3": 3, "attnquant-bf16-mtp3": 3}  # variants served with the assistant drafter
 LOAD_LINE = re.compile(r"attnquant load: .*")
 
 
@@ -156,13 +159,31 @@ def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: i
     return [{**json.loads(f.read_text()), "unix_time": round(f.stat().st_mtime, 1)} for f in files]
 
 
-def greedy_text(port: int, model: Path, prompt: str, tokens: int) -> str:
-    body = {"model": str(model), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0}
+@dataclass
+class Greedy:
+    """One greedy completion: its text and what the sampler committed."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+    def note(self) -> str:
+        """Why a text is empty though tokens were generated (run 8's MTP
+        cells: 128 tokens, no text): the ids say which tokens they were."""
+        if self.text or not self.token_ids:
+            return ""
+        return f"empty text from {len(self.token_ids)} tokens ({self.finish_reason}): ids {self.token_ids[:12]}"
+
+
+def greedy_completion(port: int, model: Path, prompt: str, tokens: int) -> Greedy:
+    body = {"model": str(model), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
+            "return_token_ids": True}  # fmt: skip
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
         {"content-type": "application/json"},
     )  # fmt: skip
-    return json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]["text"]
+    choice = json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]
+    return Greedy(choice["text"], choice.get("token_ids") or [], choice.get("finish_reason"))
 
 
 def stop(server: subprocess.Popen) -> None:
@@ -218,8 +239,10 @@ def run_session(
                 continue
             load = LOAD_LINE.findall(log.read_text(errors="replace"))
             print(f"ready: {cell.spec} session {session} ({ready_s:.0f}s) {load[-1] if load else ''}", flush=True)
-            text = greedy_text(port, served_model(cell, args), "w100 w200 w300", 48)
-            texts.setdefault(cell.spec, []).append(text)
+            greedy = greedy_completion(port, served_model(cell, args), "w100 w200 w300", 48)
+            texts.setdefault(cell.spec, []).append(greedy.text)
+            if greedy.note():
+                print(f"greedy {cell.spec} session {session}: {greedy.note()}", flush=True)
             started.add(cell.spec)
         # Before the trials, not at the end: a run the lease cuts short still
         # says whether capture changed the output (run 4 lost it).

@@ -335,18 +335,39 @@ def test_mtp_target_takes_the_served_weights(
     assert "target.old" not in merged and merged["draft.x"] == 1
 
 
-def _model_config(model_dir: Path):
-    """Our config for the tiny checkpoint, through MAX's PipelineConfig (CPU, float32)."""
+def test_mtp_model_parses_a_config_fresh_from_disk(gemma4_dir: Path, tmp_path: Path) -> None:
+    """MAX's PipelineModel parses with the model's ``model_config_cls`` before
+    anything of ours runs (in the model worker, on a config it has just read).
+    MAX's own class fails here twice over: it refuses float32, and it reads
+    ``num_experts``, which a ``gemma4_unified`` text config lacks (H200 run
+    8). The MTP model's class must be ours."""
+    from models.gemma4.speculative import AttnQuantUnifiedMTPGemma4Model
+
+    fresh = tmp_path / "fresh"  # a path no earlier test parsed (and mutated)
+    shutil.copytree(gemma4_dir, fresh)
+    pipeline_config = _pipeline_config(fresh)
+    assert not hasattr(pipeline_config.model.huggingface_config.text_config, "num_experts")
+    config = AttnQuantUnifiedMTPGemma4Model.model_config_cls.initialize(pipeline_config, max_seq_len=512)
+    assert config.text_config.num_experts == 0
+
+
+def _pipeline_config(model_dir: Path):
+    """MAX's PipelineConfig for a checkpoint directory (CPU, float32)."""
     from max.pipelines.lib import PipelineConfig
     from max.pipelines.lib.pipeline_args import PipelineArgs
-
-    from models.gemma4.model_config import AttnQuantGemma4Config
 
     args = PipelineArgs(
         model_path=str(model_dir), quantization_encoding="float32", max_length=512,
         device_specs=[{"device_type": "cpu", "id": -1}],
     )  # fmt: skip
-    pipeline_config = PipelineConfig.from_args(args)
+    return PipelineConfig.from_args(args)
+
+
+def _model_config(model_dir: Path):
+    """Our config for the tiny checkpoint, through MAX's PipelineConfig (CPU, float32)."""
+    from models.gemma4.model_config import AttnQuantGemma4Config
+
+    pipeline_config = _pipeline_config(model_dir)
     config = AttnQuantGemma4Config.initialize(pipeline_config, max_seq_len=512)
     state_dict = load_state_dict(model_dir)
     config.finalize(

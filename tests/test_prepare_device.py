@@ -114,3 +114,19 @@ def test_unquantized_passthrough_projections_are_not_copied(tiny_gemma3_dir: Pat
     attention = [name for name in state if ".self_attn." in name and name.endswith("_proj.weight")]
     assert attention and all(served[name] is state[name] for name in attention)
     assert all(t.device.type == "cpu" for t in served.values())
+
+
+def test_device_check_warmup_is_a_checkpoint_preparation_accepts(tiny_gemma3_dir: Path) -> None:
+    """bench/prepare_device_check.py's warm-up slice is prepared, on the CPU here,
+    whatever order the projections come in (run 8's warm-up held one layer-1
+    tensor and was refused)."""
+    from tests.bench_modules import bench_module
+
+    check = bench_module("prepare_device_check")
+    state = check.first_layers(tiny_gemma3_dir, 2)
+    warmup = check.warmup_slice(dict(reversed(list(state.items()))))
+    assert warmup and all(".layers.0." in name and t.shape[0] <= 16 for name, t in warmup.items())
+    config = AttnQuantConfig(quant="nvfp4", cache=False)
+    served = precompute_outside(warmup, config, progress=False, device=torch.device("cpu")).state_dict
+    codes = [name for name, t in served.items() if t.dtype == torch.uint8]  # one NVFP4 code tensor each
+    assert len(codes) == len(warmup) == 7  # q, k, v, o, gate, up, down

@@ -28,3 +28,11 @@ def test_other_cells_serve_the_model_without_a_drafter() -> None:
     cell = harness.Cell.parse("attnquant-nvfp4:on")
     assert harness.served_model(cell, _args()) == Path("/m/target")
     assert harness.speculative_args(cell, _args()) == []
+
+
+def test_greedy_note_names_the_tokens_behind_an_empty_text() -> None:
+    greedy = bench_module("serve_benchmark").Greedy
+    assert greedy("w1 w2", [5, 6], "length").note() == ""
+    assert greedy("", [], "stop").note() == ""  # nothing generated: nothing to explain
+    note = greedy("", [0] * 48, "length").note()
+    assert note == f"empty text from 48 tokens (length): ids {[0] * 12}"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from max.driver import Device
 
-from typing import Any
+from typing import Any, ClassVar
 
 from max.experimental import functional as F
 from max.experimental.tensor import default_device, default_dtype
@@ -36,6 +36,7 @@ from max.pipelines.lib import PipelineConfig
 from transformers import AutoConfig
 from typing_extensions import Self
 
+from attnquant import loading
 from attnquant.runtime_layout import ProjectionPlan
 
 from .model import (
@@ -45,9 +46,15 @@ from .model import (
     single_device_mesh,
     use_projections,
 )
-from .model_config import AttnQuantGemma4Config, check_supported
+from .model_config import AttnQuantGemma4Config, check_supported, fill_unified_text_defaults
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
+MTP_ON_GPU_UNVERIFIED = (
+    "attnquant: Gemma 4 with an MTP drafter on a GPU is unverified: on an H200 with random "
+    "weights most completions came back without text (docs/throughput.md, run 8; cause not "
+    "found). Compare a few greedy completions with the same server started without "
+    "--draft-model before relying on it."
+)
 REFUSED_TARGETS = (
     "UnifiedDSparkGemma4_31BForCausalLM",
     "UnifiedDflashGemma4_31BForCausalLM",
@@ -100,14 +107,24 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
     MAX's, unquantized.
     """
 
+    # MAX's base initializes this class first, in the model worker, from a
+    # config it has just parsed; MAX's own class reads fields a
+    # ``gemma4_unified`` text config lacks (AttributeError: no 'num_experts',
+    # seen on the H200, run 8). Ours fills them and refuses what we do not serve.
+    model_config_cls: ClassVar[type[Any]] = AttnQuantGemma4Config
+
     _served_target: dict[str, Any]
     _projection_plan: ProjectionPlan
 
     def _create_model_config(
         self, state_dict: dict[str, Any]
     ) -> Gemma4ForConditionalGenerationConfig:
+        # MAX's _create_model_config parses with its own class: fill first.
+        fill_unified_text_defaults(self.huggingface_config.text_config)
         check_supported(self.huggingface_config)
         single_device_mesh(self.devices)
+        if not self.devices[0].is_host:
+            loading.logger.warning(MTP_ON_GPU_UNVERIFIED)
         config = super()._create_model_config(state_dict)
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from attnquant.max_compat import child_environment
 from tests.bench_modules import BENCH, bench_module
 
 
@@ -36,6 +37,10 @@ def test_cpu_patches_still_apply_to_this_max() -> None:
         "from max.pipelines.lib.pipeline_variants.overlap_text_generation import OverlapTextGenerationPipeline as O\n"
         "assert not any('does not support CPU' in str(c) for c in O.__init__.__code__.co_consts)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # env= explicitly: once MAX's native library is loaded here, an inherited
+    # environment runs the child outside the virtual environment (max_compat).
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=child_environment()
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("four CPU refusals patched") == 1  # applied once, idempotent

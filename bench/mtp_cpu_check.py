@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from serve_benchmark import REPO, Greedy, greedy_completion, stop, wait_ready  # this directory
+from serve_benchmark import MAX_CLI, REPO, Greedy, greedy_completion, stop, wait_ready  # this directory
 
 HERE = Path(__file__).resolve().parent
 SERVE = ["--devices", "cpu", "--quantization-encoding", "float32", "--max-length", "512", "--max-batch-size", "1"]
@@ -69,10 +69,9 @@ def main() -> int:
     # Both servers quantize the same way: NVFP4 unless ATTNQUANT_QUANT says otherwise.
     quant = os.environ.get("ATTNQUANT_QUANT", "nvfp4")
     env = {"HF_HUB_OFFLINE": "1", "MAX_SERVE_DISABLE_TELEMETRY": "1", "ATTNQUANT_QUANT": quant}
-    max_cli = [sys.executable, "-c", "import sys; from max._entrypoints.pipelines import main; sys.argv[0] = 'max'; sys.exit(main())"]
     assistant = float32_copy(args.assistant, args.logs / "assistant-f32")
     drafted = completions(
-        [*max_cli, "serve", "--custom-architectures", str(HERE / "mtp_cpu"), "--model-path", str(args.mtp_twin),
+        [sys.executable, "-c", MAX_CLI, "serve", "--custom-architectures", str(HERE / "mtp_cpu"), "--model-path", str(args.mtp_twin),
          "--draft-model-path", str(assistant), "--speculative-method", "mtp", "--num-speculative-tokens", "3",
          "--tool-parser", "none", *SERVE],
         {**env, "PYTHONPATH": str(HERE / "mtp_cpu" / "site")}, args.mtp_twin, prompts, args.logs / "mtp.log",

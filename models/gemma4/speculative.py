@@ -46,7 +46,7 @@ from .model import (
     single_device_mesh,
     use_projections,
 )
-from .model_config import AttnQuantGemma4Config, check_supported, fill_unified_text_defaults
+from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
 MTP_ON_GPU_UNVERIFIED = (
@@ -110,7 +110,9 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
     # MAX's base initializes this class first, in the model worker, from a
     # config it has just parsed; MAX's own class reads fields a
     # ``gemma4_unified`` text config lacks (AttributeError: no 'num_experts',
-    # seen on the H200, run 8). Ours fills them and refuses what we do not serve.
+    # seen on the H200, run 8). Ours fills them in that shared config object
+    # (so MAX's parse in _create_model_config finds them) and refuses what we
+    # do not serve.
     model_config_cls: ClassVar[type[Any]] = AttnQuantGemma4Config
 
     _served_target: dict[str, Any]
@@ -119,9 +121,6 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
     def _create_model_config(
         self, state_dict: dict[str, Any]
     ) -> Gemma4ForConditionalGenerationConfig:
-        # MAX's _create_model_config parses with its own class: fill first.
-        fill_unified_text_defaults(self.huggingface_config.text_config)
-        check_supported(self.huggingface_config)
         single_device_mesh(self.devices)
         if not self.devices[0].is_host:
             loading.logger.warning(MTP_ON_GPU_UNVERIFIED)

@@ -119,8 +119,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_PRECOMPUTE", "precompute", _parse_bool, _constant(False),
         "0", _BOOL,
-        "With PRECOMPUTE_OUTSIDE=0: build W_eff = s*W0 + U*V^T inside the graph on every "
-        "step, then one matmul (refused with PRECOMPUTE_OUTSIDE=1).",
+        "With PRECOMPUTE_OUTSIDE=0: build W_eff = s*W0 + U*V^T inside the graph, then one "
+        "matmul; MAX folds it once at load, so each step reads W_eff "
+        "(refused with PRECOMPUTE_OUTSIDE=1).",
     ),
     Setting(
         "ATTNQUANT_QUANT", "quant", _parse_choice("none", "nvfp4"), _constant("none"),

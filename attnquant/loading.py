@@ -261,7 +261,12 @@ def _summary(
     float32 CPU run reports checkpoint-dtype bytes); a tensor aliased by
     several layers (a band's shared W0) counts once. "Per decode token" is
     every served tensor once: at batch 1 each step reads every weight (the
-    tied embedding once, as the LM head); the KV cache is not counted."""
+    tied embedding once, as the LM head); the KV cache is not counted.
+
+    The graph fold is the exception: MAX evaluates its weight-only ``s*W0 +
+    U V^T`` once at load and keeps the result beside theta
+    (``bench/graph_fold_cpu.py``), so it holds theta plus a dense W_eff and
+    each step reads the dense W_eff."""
     keys = find_projections(before)
     modules = {key.module_name for key in keys}
     bytes_before = sum(_nbytes(before[key.weight_name]) for key in keys)
@@ -271,11 +276,16 @@ def _summary(
     theta = "passthrough" if blocks == num_layers else f"R={config.rank}"
     source = "quantized-weight cache hit" if hit else f"prepared in {seconds:.1f}s"
     per_token = [_unique_nbytes(tensors.values()) / 2**30 for tensors in (before, served)]
+    resident, folded = bytes_after, ""
+    if choice.path is ReconstructionPath.GRAPH_FOLD:
+        resident += bytes_before  # W_eff, in the checkpoint dtype as bytes_before counts it
+        folded = f" + {bytes_before / 2**20:.1f} MiB W_eff folded by MAX at load"
+        per_token[1] = per_token[0]
     return (
         f"{SUMMARY_PREFIX} path={choice} theta G={blocks}/{num_layers} ({theta}) "
         f"quant={config.quant}; NVFP4 {quantized}/{len(keys)} projections; projection "
-        f"bytes {bytes_before / 2**20:.1f} MiB -> {bytes_after / 2**20:.1f} MiB "
-        f"({bytes_before / max(bytes_after, 1):.2f}x); weights per decode token "
+        f"bytes {bytes_before / 2**20:.1f} MiB -> {bytes_after / 2**20:.1f} MiB{folded} "
+        f"({bytes_before / max(resident, 1):.2f}x); weights per decode token "
         f"{per_token[0]:.2f} GiB -> {per_token[1]:.2f} GiB; {source}"
     )
 

@@ -7,7 +7,10 @@ decomposition); they differ in when and where the weight is rebuilt:
     W_eff built on the host at load, served as plain (or NVFP4) weights: the
     graph is the base model's.
 ``graph-fold`` (``ATTNQUANT_PRECOMPUTE_OUTSIDE=0 ATTNQUANT_PRECOMPUTE=1``)
-    W_eff = s*W0 + U V^T built inside the graph on every step, then one matmul.
+    W_eff = s*W0 + U V^T written as graph ops on the theta weights, then one
+    matmul. The expression depends on weights only, so MAX's compiler evaluates
+    it once when the model loads and each step reads the folded W_eff: the
+    decode step is precompute-outside's (``bench/graph_fold_cpu.py``).
 ``gemm`` (``ATTNQUANT_GEMM=1``)
     the GEMM formulation: stock MAX matmuls ``x W0^T`` and ``(x V) U^T``, q|k|v
     and gate|up each as one group (``ATTNQUANT_QKV_FUSE``).

@@ -86,6 +86,12 @@ run() {
   memory_env "${MM_PERCENT-10}"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
   python3 "$HERE/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
+  if [ -n "$INGRAPH_CELLS" ]; then  # torch's greedy text per in-graph path, while the servers
+    # compile; it holds the timing lock, so no trial starts beside it (capped: a late one is skipped)
+    ( OMP_NUM_THREADS=4 flock "$LOCK" timeout "${REFERENCE_S:-420}" python3 "$HERE/ingraph_greedy_reference.py" \
+        "$WORK/g3-model" --device cuda:0 --cells 13:4 13:32 1:4 1:32 > "$WORK/greedy-reference.txt" 2>&1 ) &
+    sleep 2  # it takes the lock before the first server is up
+  fi
   # shellcheck disable=SC2086
   bench gemma3 "$WORK/g3-model" "${G3_FRACTION:-0.5}" 8100 8 $E2E_CELLS $INGRAPH_CELLS  # 0.5 of the capped arena
   if [ "${KERNEL_BENCH:-0}" = 1 ]; then  # the generated_linear check and timing, on an idle card
@@ -156,6 +162,8 @@ collect() {  # at most 8 files come back
   cp "$WORK"/*-table.txt "$WORK"/genlin.txt "$OUT/" 2>/dev/null
   cat "$WORK"/*/results.jsonl > "$OUT/results.jsonl" 2>/dev/null
   for f in "$WORK"/*/greedy_texts.json; do echo "== $f"; cat "$f"; done > "$OUT/greedy.txt" 2>/dev/null
+  { echo "== torch reference"; grep -a -o -E "G=[0-9]+ R=.*|.*(Error|Traceback).*" "$WORK/greedy-reference.txt"; } \
+    >> "$OUT/greedy.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     # (progress bars left out: in run 7 they pushed the preparation-device line out)
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |

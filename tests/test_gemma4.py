@@ -278,6 +278,22 @@ def test_memory_estimate_is_the_served_bytes(gemma4_dir: Path, env: dict[str, st
     assert served_nbytes(8, 32) == 8 * 16 + 8 * 2 + 8
 
 
+def test_memory_estimate_counts_what_the_graph_fold_keeps(gemma4_dir: Path) -> None:
+    """The graph fold holds theta and the W_eff MAX folds from it at load: the
+    estimate adds the projections' bytes once more; the GEMM path adds none."""
+    from attnquant.memory import served_weights_size
+    from attnquant.projections import ProjectionKey
+
+    checkpoint = load_state_dict(gemma4_dir)
+    projections = sum(t.numel() * t.element_size() for k, t in checkpoint.items() if ProjectionKey.parse(k))
+    in_graph = {"ATTNQUANT_PRECOMPUTE_OUTSIDE": "0"}
+    fold = AttnQuantConfig.from_env({**in_graph, "ATTNQUANT_PRECOMPUTE": "1"})
+    gemm = AttnQuantConfig.from_env({**in_graph, "ATTNQUANT_GEMM": "1"})
+    assert projections > 0
+    assert served_weights_size(10**9, gemma4_dir, fold) == 10**9 + projections
+    assert served_weights_size(10**9, gemma4_dir, gemm) == 10**9
+
+
 def test_plan_counts_exactly_the_checkpoint_projections(gemma4_dir: Path) -> None:
     from attnquant.runtime_layout import to_runtime_layout
     from models.gemma4.model import describe_projections

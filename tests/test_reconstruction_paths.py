@@ -81,15 +81,17 @@ def test_unservable_combinations_are_refused(changes: dict, message: str) -> Non
 # --- every path through MAX on CPU --------------------------------------------
 
 
-def checkpoint(seed: int) -> dict[str, torch.Tensor]:
+def checkpoint(seed: int, width: int = 1) -> dict[str, torch.Tensor]:
     """Layers that resemble each other (a shared part plus noise), so bands
-    and residuals are meaningful, in bf16 as checkpoints are."""
+    and residuals are meaningful, in bf16 as checkpoints are; ``width``
+    multiplies every dimension."""
     g = torch.Generator().manual_seed(seed)
+    hidden, q, kv, inter = (width * d for d in (HIDDEN, Q, KV, INTER))
     shapes = {
-        "self_attn.q_proj": (Q, HIDDEN), "self_attn.k_proj": (KV, HIDDEN),
-        "self_attn.v_proj": (KV, HIDDEN), "self_attn.o_proj": (HIDDEN, Q),
-        "mlp.gate_proj": (INTER, HIDDEN), "mlp.up_proj": (INTER, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTER),
+        "self_attn.q_proj": (q, hidden), "self_attn.k_proj": (kv, hidden),
+        "self_attn.v_proj": (kv, hidden), "self_attn.o_proj": (hidden, q),
+        "mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden),
+        "mlp.down_proj": (hidden, inter),
     }  # fmt: skip
     out = {}
     for name, (n, k) in shapes.items():
@@ -97,7 +99,7 @@ def checkpoint(seed: int) -> dict[str, torch.Tensor]:
         for layer in range(LAYERS):
             w = (common + 0.5 * torch.randn(n, k, generator=g)) / math.sqrt(k)
             out[f"model.layers.{layer}.{name}.weight"] = w.to(torch.bfloat16)
-    out["model.norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)  # a non-projection tensor
+    out["model.norm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)  # a non-projection tensor
     return out
 
 
@@ -192,6 +194,38 @@ def test_matmul_paths_pad_the_residual_width(gemm: bool) -> None:
             exact = config.rank * len(part.members)
             assert part.rank == u.shape[1] == v.shape[1] == (MIN_INNER_MULTIPLE if gemm else exact)
             assert u[:, :exact].any() and not u[:, exact:].any() and not v[:, exact:].any()
+
+
+def test_fold_summary_counts_the_w_eff_max_folds_at_load() -> None:
+    """MAX evaluates the fold's weight-only expression once at load and keeps
+    its result (bench/graph_fold_cpu.py): the load line says the fold holds
+    theta plus a dense W_eff and reads the dense W_eff per token; GEMM does not."""
+    import re
+
+    from max.driver import CPU
+    from max.dtype import DType
+
+    from attnquant import loading
+
+    ckpt = checkpoint(seed=0, width=16)  # 7.5 MiB of projections: MiB figures not rounded to 0
+
+    def summary(**changes) -> str:
+        config = dataclasses.replace(BASE, blocks=1, rank=3, **changes)
+        return loading.prepare_weights(
+            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
+        ).summary
+
+    def figures(line: str, what: str, unit: str) -> tuple[float, float]:
+        found = re.search(rf"{what} ([\d.]+) {unit} -> ([\d.]+) {unit}", line)
+        return float(found[1]), float(found[2])
+
+    fold, gemm = summary(precompute=True), summary(gemm=True)
+    dense, theta = figures(fold, "projection bytes", "MiB")
+    assert dense > 7 and theta < dense / 1.5
+    assert f"-> {theta:.1f} MiB + {dense:.1f} MiB W_eff folded by MAX at load" in fold
+    per_token = figures(fold, "weights per decode token", "GiB")
+    assert per_token[0] == per_token[1]
+    assert "folded" not in gemm and figures(gemm, "projection bytes", "MiB") == (dense, theta)
 
 
 CASES = {  # together: every path, fused and unfused groups, R = 0 and R > 0, shared and passthrough

@@ -95,11 +95,10 @@ def measure(name: str, size: int, rank: int, calls: int) -> tuple[float, ...]:
     cpu = DeviceRef.CPU()
     types = [TensorType(DType.float32, [1, size], cpu)]
     inputs = [Tensor.from_dlpack(x)]
-    weights: dict = {"w": w_eff} if name == "dense" else theta
+    weights = {"dense": {"w": w_eff}, "graph-fold": theta, "fold-from-inputs": {}}[name]
     if name == "fold-from-inputs":
         types += [TensorType(DType.float32, list(t.shape), cpu) for t in theta.values()]
         inputs += [Tensor.from_dlpack(t) for t in theta.values()]
-        weights = {}
     module_cls = dict(zip(CASES, build(size, rank), strict=True))[name]
     with default_device(CPU()):
         module = module_cls()

@@ -40,6 +40,17 @@ from attnquant.theta import ThetaBundle, build_theta  # noqa: E402
 PATHS = ("precompute-outside", "graph-fold", "gemm", "generated")
 
 
+class DenseProjection(torch.nn.Module):
+    """``y = x W^T`` for a W already in its served form."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T
+
+
 class ThetaProjection(torch.nn.Module):
     """``y = s*(x W0^T) + (x V) U^T`` with the GEMM path's or the generated op's rounding."""
 
@@ -57,22 +68,21 @@ class ThetaProjection(torch.nn.Module):
 
 
 def serve(model: torch.nn.Module, keys: list[ProjectionKey], theta: ThetaBundle, path: str,
-          dense: dict[str, torch.Tensor]) -> None:  # fmt: skip
-    """Puts each projection of ``model`` in the form ``path`` computes."""
+          dense: dict[str, torch.Tensor], device: str) -> None:  # fmt: skip
+    """Replaces every projection of ``model`` by the form ``path`` computes
+    (all of them, so one loaded model serves every path in turn)."""
+    bf16 = torch.bfloat16
     for key in keys:
-        parent = model.get_submodule(key.weight_name.rsplit(".", 2)[0])
         layer = theta.layers[(key.proj.removesuffix("_proj"), key.layer)]
-        w0 = theta.shared[layer.group]
-        device, dtype = getattr(parent, key.proj).weight.device, torch.bfloat16
-        w0 = w0.to(device, dtype)
+        w0 = theta.shared[layer.group].to(device, bf16)
         scale, u, v = (t.to(device) for t in (layer.scale, layer.u, layer.v))
         if path == "precompute-outside":
-            getattr(parent, key.proj).weight.data = dense[key.weight_name].to(device, dtype)
+            module = DenseProjection(dense[key.weight_name].to(device, bf16))
         elif path == "graph-fold":
-            s, ub, vb = scale.to(dtype), u.to(dtype), v.to(dtype)
-            getattr(parent, key.proj).weight.data = s[:, None] * w0 + ub @ vb.T
+            module = DenseProjection(scale.to(bf16)[:, None] * w0 + u.to(bf16) @ v.to(bf16).T)
         else:
-            setattr(parent, key.proj, ThetaProjection(w0, scale, u, v, exact=path == "generated"))
+            module = ThetaProjection(w0, scale, u, v, exact=path == "generated")
+        setattr(model.get_submodule(key.weight_name.rsplit(".", 2)[0]), key.proj, module)
 
 
 def main() -> None:
@@ -91,6 +101,7 @@ def main() -> None:
     num_layers = 1 + max(key.layer for key in keys)
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     ids = tokenizer(args.prompt, return_tensors="pt").input_ids.to(args.device)
+    model = Gemma3ForCausalLM.from_pretrained(args.checkpoint, dtype=torch.bfloat16).to(args.device)
     for cell in args.cells:
         blocks, rank = (int(part) for part in cell.split(":"))
         theta = build_theta({k: checkpoint[k.weight_name] for k in keys}, blocks=blocks, rank=rank,
@@ -98,14 +109,12 @@ def main() -> None:
         config = AttnQuantConfig(blocks=blocks, rank=rank, cache=False)
         dense = precompute_outside(checkpoint, config, progress=False).state_dict
         for path in PATHS:
-            model = Gemma3ForCausalLM.from_pretrained(args.checkpoint, dtype=torch.bfloat16).to(args.device)
-            serve(model, keys, theta, path, dense)
+            serve(model, keys, theta, path, dense, args.device)
             with torch.no_grad():
                 top = torch.topk(model(ids).logits[0, -1].float(), 2).values
                 out = model.generate(ids, max_new_tokens=args.tokens, do_sample=False)
             text = tokenizer.decode(out[0, ids.shape[1]:])
             print(f"G={blocks} R={rank} {path:18s} margin {float(top[0] - top[1]):.3f} |{text}", flush=True)
-            del model
 
 
 if __name__ == "__main__":

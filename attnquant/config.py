@@ -171,8 +171,10 @@ SETTINGS: tuple[Setting, ...] = (
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
-        "0 = generated_linear Mojo op (rank <= 64); auto: GEMM on CPU and NVIDIA/AMD "
-        "GPUs, generated_linear on Metal. Logged once at load with the reason.",
+        "0 = generated_linear Mojo op (rank <= 64); auto: generated_linear on NVIDIA GPUs "
+        "when theta has a residual of rank <= 64 (on the H200 GEMM's text did not match "
+        "torch's, docs/throughput.md run 10) and on Metal, GEMM otherwise. Logged once "
+        "at load with the reason.",
     ),
     Setting(
         "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),

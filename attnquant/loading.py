@@ -28,7 +28,13 @@ from attnquant.matmul import MIN_INNER_MULTIPLE
 from attnquant.prepare_device import PrepareDevice
 from attnquant.projections import find_projections
 from attnquant.reconstruct import precompute_outside
-from attnquant.reconstruction_path import GENERATED_MLP, PathChoice, ReconstructionPath, choose_path
+from attnquant.reconstruction_path import (
+    GENERATED_MLP,
+    PathChoice,
+    ReconstructionPath,
+    choose_path,
+    residual_caution,
+)
 from attnquant.runtime_layout import ProjectionPlan, part_name, to_runtime_layout
 from attnquant.theta import band_size, build_theta
 
@@ -66,9 +72,13 @@ def to_torch(value: Any) -> torch.Tensor:
 def check_config(config: AttnQuantConfig, num_layers: int, device_api: str = "cpu") -> PathChoice:
     """The serving path, or the errors that must surface before MAX spends
     minutes compiling."""
-    blocks = config.blocks or num_layers
-    band_size(num_layers, blocks)
-    return choose_path(config, device_api, residual=blocks < num_layers and config.rank > 0)
+    band_size(num_layers, config.blocks or num_layers)
+    return choose_path(config, device_api, residual=has_residual(config, num_layers))
+
+
+def has_residual(config: AttnQuantConfig, num_layers: int) -> bool:
+    """Whether theta has a low-rank residual (fewer bands than layers, R > 0)."""
+    return (config.blocks or num_layers) < num_layers and config.rank > 0
 
 
 def needs_precompute(config: AttnQuantConfig, num_layers: int) -> bool:
@@ -114,6 +124,9 @@ def prepare_weights(
         tensors, served, plan, config, num_layers, hit, time.monotonic() - start, choice
     )
     logger.info(summary)
+    caution = residual_caution(choice, str(device.api), residual=has_residual(config, num_layers))
+    if caution:
+        logger.warning(caution)
     if config.quant == "nvfp4":
         advice = kernels.capture_off_advice(config.nvfp4_dispatch, str(device.api), graph_capture)
         if advice:

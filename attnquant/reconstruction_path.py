@@ -76,8 +76,10 @@ def choose_path(config: AttnQuantConfig, device_api: str, *, residual: bool) -> 
         return PathChoice(ReconstructionPath.GRAPH_FOLD, "ATTNQUANT_PRECOMPUTE=1")
     if config.gemm is not None:
         choice = PathChoice(ReconstructionPath.GEMM if config.gemm else ReconstructionPath.GENERATED, f"ATTNQUANT_GEMM={int(config.gemm)}")
-    elif device_api in ("cuda", "hip"):
-        choice = PathChoice(ReconstructionPath.GEMM, f"auto: {device_api} GPU, MAX's tensor-core matmuls")
+    elif device_api == "cuda":
+        choice = _auto_on_cuda(config, residual)
+    elif device_api == "hip":
+        choice = PathChoice(ReconstructionPath.GEMM, "auto: hip GPU, MAX's tensor-core matmuls")
     elif device_api == "metal":
         choice = PathChoice(ReconstructionPath.GENERATED, "auto: Metal, per-element rebuild beats matmuls at low rank")
     else:
@@ -91,3 +93,36 @@ def choose_path(config: AttnQuantConfig, device_api: str, *, residual: bool) -> 
             f"ATTNQUANT_RANK<={MAX_GENERATED_RANK}"
         )
     return choice
+
+
+def _auto_on_cuda(config: AttnQuantConfig, residual: bool) -> PathChoice:
+    """generated_linear wherever there is a residual it can serve; GEMM otherwise.
+
+    On the H200 (run 10, docs/throughput.md) the GEMM formulation and the fold
+    gave other greedy texts than torch's emulation of every path for the same
+    theta, while generated_linear gave torch's; without a residual, GEMM gave
+    dense W_eff's text. Speed alone would pick GEMM (dense W_eff's decode speed
+    against generated_linear's 1.25-1.34x time per token)."""
+    if not residual:
+        return PathChoice(ReconstructionPath.GEMM, "auto: cuda GPU, no residual: MAX's tensor-core matmuls")
+    if config.rank > MAX_GENERATED_RANK:
+        limit = f"rank {config.rank} is above generated_linear's {MAX_GENERATED_RANK}"
+        return PathChoice(ReconstructionPath.GEMM, f"auto: cuda GPU, {limit}")
+    return PathChoice(
+        ReconstructionPath.GENERATED,
+        "auto: cuda GPU with a residual: on the H200 generated_linear matched torch, GEMM did not (run 10)",
+    )
+
+
+def residual_caution(choice: PathChoice, device_api: str, *, residual: bool) -> str | None:
+    """A warning for a GEMM or fold load with a residual on an NVIDIA GPU, or None."""
+    unmatched = (ReconstructionPath.GEMM, ReconstructionPath.GRAPH_FOLD)
+    if device_api != "cuda" or not residual or choice.path not in unmatched:
+        return None
+    return (
+        f"attnquant: path={choice.path.value} with a low-rank residual on an NVIDIA GPU: on the H200 this "
+        "path's greedy text differed from torch's for the same theta while generated_linear's matched "
+        "(docs/throughput.md, run 10; not yet explained). ATTNQUANT_GEMM=0 serves the same theta with "
+        "generated_linear (rank <= 64); ATTNQUANT_PRECOMPUTE_OUTSIDE=1 serves W_eff."
+    )
+

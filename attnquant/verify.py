@@ -279,9 +279,11 @@ class MaxSource:
     MAX's registry builds the same pipeline ``max serve`` does, with
     ``enable_echo`` on: the model then returns logits for every position.
     Each window claims KV cache, runs one prefill and releases it.
+    ``gpu=True`` runs it on the first accelerator in bfloat16 (the served
+    dtype) instead of on the CPU in float32.
     """
 
-    def __init__(self, model_dir: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, model_dir: Path, env: Mapping[str, str], *, gpu: bool = False) -> None:
         from max.driver import DeviceSpec
         from max.pipelines import PIPELINE_REGISTRY, PipelineArgs, PipelineConfig
 
@@ -291,8 +293,8 @@ class MaxSource:
             model_path=str(model_dir),
             # The "<dir>/attnquant" form, as run_max.py passes it.
             custom_architectures=[str(Path(attnquant.__file__).resolve().parent)],
-            device_specs=[DeviceSpec.cpu()],
-            quantization_encoding="float32",
+            device_specs=[DeviceSpec.accelerator() if gpu else DeviceSpec.cpu()],
+            quantization_encoding="bfloat16" if gpu else "float32",
             enable_echo=True,
             enable_prefix_caching=False,  # every window is computed, none reused
             max_batch_size=1,
@@ -303,6 +305,7 @@ class MaxSource:
 
     def __call__(self, window: Sequence[int]) -> torch.Tensor:
         import numpy as np
+        from max.driver import CPU
         from max.pipelines.context import EOSTracker, SamplingParams, TextContext, TokenBuffer
         from max.pipelines.modeling.types import RequestID
 
@@ -321,7 +324,8 @@ class MaxSource:
             # The pipeline model itself, not pipeline.execute: execute samples
             # and hands logits processors only the last row.
             outputs = pipeline._pipeline_model.execute(inputs)
-            return torch.from_dlpack(outputs.logits).clone()
+            # To the host (a GPU run's logits are on the device), as float32, copied.
+            return torch.from_dlpack(outputs.logits.to(CPU())).to(torch.float32, copy=True)
         finally:
             pipeline.kv_manager.release(context)
             pipeline.release(context.request_id)

@@ -1,0 +1,120 @@
+"""Do MAX's matmuls compute the GEMM and fold paths' low-rank products right on this device?
+
+    python bench/lowrank_matmul_check.py [--device gpu|cpu] [--m 1 4 8 64]
+
+Run 10 (docs/throughput.md) found the GEMM formulation and the graph fold
+giving other greedy texts on the H200 than torch's bf16 emulation of every
+path, while ``generated_linear`` (our own kernel, no small matmul) gave
+torch's. What GEMM and fold share, and the generated op does not, are MAX
+matmuls whose inner width is the padded rank: ``(x V) U^T`` and ``U V^T``
+with K = 32, 64 or 96 (``attnquant.matmul.MIN_INNER_MULTIPLE``). This
+compiles one graph holding, for each Gemma 3 1B projection group and padded
+rank Rp in {32, 64, 96, 128}, the two expressions exactly as
+``attnquant.theta_linear`` writes them (GEMM: ``s*(x W0^T) + (x V) U^T``;
+fold: ``x (s*W0 + U V^T)^T``, its W built from weights only, as MAX folds
+it at load), with a symbolic token count as in the served model. Each output
+is compared with float64 on the same bf16 (GPU) or float32 (CPU) inputs.
+Relative errors near the dtype's rounding (bf16: ~3e-3) pass; a case above
+``--bound`` is printed FAIL. One compile (about 25 minutes on 2 CPU cores;
+on CPU every case is within 2e-6: ``bench/results/2026-12-01-cpu-lowrank-matmul-check.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+# [N, K] of each Gemma 3 1B projection group as attnquant serves it (q|k|v and
+# gate|up fused; ATTNQUANT_QKV_FUSE=1).
+GROUPS = {"qkv": (1536, 1152), "o": (1152, 1024), "gate_up": (13824, 1152), "down": (1152, 6912)}
+PADDED_RANKS = (32, 64, 96, 128)
+
+
+def build_module(n: int, k: int, rp: int):
+    from max.experimental.nn import Module
+    from max.experimental.tensor import Tensor
+
+    class LowRank(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w0, self.scale = Tensor.zeros([n, k]), Tensor.zeros([n])
+            self.u, self.v = Tensor.zeros([n, rp]), Tensor.zeros([k, rp])
+
+        def forward(self, x):
+            gemm = (x @ self.w0.T) * self.scale + (x @ self.v) @ self.u.T
+            fold = x @ (self.w0 * self.scale.reshape([-1, 1]) + self.u @ self.v.T).T
+            return gemm, fold
+
+    return LowRank()
+
+
+def random_theta(n: int, k: int, rp: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Weights at a checkpoint's scale: W0 ~ N(0, 1/k), s ~ 1, U V^T about a tenth of s*W0."""
+    return {
+        "w0": torch.randn(n, k, generator=g) / math.sqrt(k),
+        "scale": 1 + 0.1 * torch.randn(n, generator=g),
+        "u": torch.randn(n, rp, generator=g) * 0.1 / math.sqrt(rp),
+        "v": torch.randn(k, rp, generator=g) / math.sqrt(k),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 4, 8, 64], help="token counts to run")
+    parser.add_argument("--bound", type=float, default=2e-2, help="relative error counted as wrong")
+    args = parser.parse_args()
+
+    from max.driver import CPU, Accelerator
+    from max.dtype import DType
+    from max.experimental.nn import Module
+    from max.experimental.nn.sequential import ModuleList
+    from max.experimental.tensor import Tensor, default_device, default_dtype
+    from max.graph import DeviceRef, TensorType
+
+    device, ref, dtype, tdtype = (
+        (Accelerator(), DeviceRef.GPU(), DType.bfloat16, torch.bfloat16)
+        if args.device == "gpu" else (CPU(), DeviceRef.CPU(), DType.float32, torch.float32)
+    )  # fmt: skip
+    cases = [(group, n, k, rp) for group, (n, k) in GROUPS.items() for rp in PADDED_RANKS]
+    g = torch.Generator().manual_seed(0)
+    thetas = [{name: t.to(tdtype) for name, t in random_theta(n, k, rp, g).items()} for _, n, k, rp in cases]
+
+    class AllCases(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cases = ModuleList([build_module(n, k, rp) for _, n, k, rp in cases])
+
+        def forward(self, *xs):
+            return tuple(y for case, x in zip(self.cases, xs, strict=True) for y in case(x))
+
+    weights = {f"cases.{i}.{name}": t for i, theta in enumerate(thetas) for name, t in theta.items()}
+    with default_device(device), default_dtype(dtype):
+        module = AllCases()
+    types = [TensorType(dtype, ["m", k], ref) for _, _, k, _ in cases]
+    run = module.compile(*types, weights=weights)
+
+    failures = 0
+    print(f"device {args.device}, {dtype}; relative error vs float64, bound {args.bound:.0e}")
+    print("| group [N, K] | Rp | M | GEMM | fold |\n|---|---|---|---|---|")
+    for m in args.m:
+        xs = [torch.randn(m, k, generator=g).to(tdtype) for _, _, k, _ in cases]
+        outputs = run(*[Tensor.from_dlpack(x).to(device) for x in xs])
+        for i, ((group, n, k, rp), theta, x) in enumerate(zip(cases, thetas, xs, strict=True)):
+            t = {name: v.double() for name, v in theta.items()}
+            w_eff = t["scale"][:, None] * t["w0"] + t["u"] @ t["v"].T
+            expected = x.double() @ w_eff.T
+            cells = []
+            for y in outputs[2 * i : 2 * i + 2]:
+                got = torch.from_dlpack(y.to(CPU())).double()
+                error = float((got - expected).norm() / expected.norm())
+                failures += error > args.bound
+                cells.append(f"{error:.1e}" + (" FAIL" if error > args.bound else ""))
+            print(f"| {group} [{n}, {k}] | {rp} | {m} | {cells[0]} | {cells[1]} |", flush=True)
+    print(f"{failures} case(s) above {args.bound:.0e}")
+
+
+if __name__ == "__main__":
+    main()

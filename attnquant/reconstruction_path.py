@@ -125,4 +125,3 @@ def residual_caution(choice: PathChoice, device_api: str, *, residual: bool) -> 
         "(docs/throughput.md, run 10; not yet explained). ATTNQUANT_GEMM=0 serves the same theta with "
         "generated_linear (rank <= 64); ATTNQUANT_PRECOMPUTE_OUTSIDE=1 serves W_eff."
     )
-

@@ -9,10 +9,10 @@ torch's. What GEMM and fold share, and the generated op does not, are MAX
 matmuls whose inner width is the padded rank: ``(x V) U^T`` and ``U V^T``
 with K = 32, 64 or 96 (``attnquant.matmul.MIN_INNER_MULTIPLE``). This
 compiles one graph holding, for each Gemma 3 1B projection group and padded
-rank Rp in {32, 64, 96, 128}, the two expressions exactly as
-``attnquant.theta_linear`` writes them (GEMM: ``s*(x W0^T) + (x V) U^T``;
-fold: ``x (s*W0 + U V^T)^T``, its W built from weights only, as MAX folds
-it at load), with a symbolic token count as in the served model. Each output
+rank Rp in {32, 64, 96, 128}, the served modules of both paths
+(``attnquant.theta_linear``: GEMM ``s*(x W0^T) + (x V) U^T``; fold
+``x (s*W0 + U V^T)^T``, its W built from weights only, as MAX folds it at
+load), with a symbolic token count as in the served model. Each output
 is compared with float64 on the same bf16 (GPU) or float32 (CPU) inputs.
 Relative errors near the dtype's rounding (bf16: ~3e-3) pass; a case above
 ``--bound`` is printed FAIL. One compile (about 25 minutes on 2 CPU cores;
@@ -22,9 +22,14 @@ on CPU every case is within 2e-6: ``bench/results/2026-12-01-cpu-lowrank-matmul-
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # [N, K] of each Gemma 3 1B projection group as attnquant serves it (q|k|v and
 # gate|up fused; ATTNQUANT_QKV_FUSE=1).
@@ -32,22 +37,29 @@ GROUPS = {"qkv": (1536, 1152), "o": (1152, 1024), "gate_up": (13824, 1152), "dow
 PADDED_RANKS = (32, 64, 96, 128)
 
 
-def build_module(n: int, k: int, rp: int):
-    from max.experimental.nn import Module
-    from max.experimental.tensor import Tensor
+PATHS = ("gemm", "fold")
 
-    class LowRank(Module):
+
+def build_case(n: int, k: int, rp: int, name: str):
+    """The served modules (``attnquant.theta_linear``) for one theta part,
+    each with its own W0 (they get the same weights)."""
+    from max.experimental.nn import Module
+
+    from attnquant.runtime_layout import PartPlan
+    from attnquant.theta_linear import FoldThetaProjection, GemmThetaProjection, shared_blocks
+
+    class Case(Module):
         def __init__(self) -> None:
             super().__init__()
-            self.w0, self.scale = Tensor.zeros([n, k]), Tensor.zeros([n])
-            self.u, self.v = Tensor.zeros([n, rp]), Tensor.zeros([k, rp])
+            with shared_blocks():
+                part = PartPlan("theta", (name,), (n,), k, rank=rp)
+                self.gemm = GemmThetaProjection(dataclasses.replace(part, shared_with=f"{name}.gemm"))
+                self.fold = FoldThetaProjection(dataclasses.replace(part, shared_with=f"{name}.fold"))
 
         def forward(self, x):
-            gemm = (x @ self.w0.T) * self.scale + (x @ self.v) @ self.u.T
-            fold = x @ (self.w0 * self.scale.reshape([-1, 1]) + self.u @ self.v.T).T
-            return gemm, fold
+            return self.gemm(x), self.fold(x)
 
-    return LowRank()
+    return Case()
 
 
 def random_theta(n: int, k: int, rp: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -85,12 +97,15 @@ def main() -> None:
     class AllCases(Module):
         def __init__(self) -> None:
             super().__init__()
-            self.cases = ModuleList([build_module(n, k, rp) for _, n, k, rp in cases])
+            self.cases = ModuleList([build_case(n, k, rp, f"{group}.{rp}") for group, n, k, rp in cases])
 
         def forward(self, *xs):
             return tuple(y for case, x in zip(self.cases, xs, strict=True) for y in case(x))
 
-    weights = {f"cases.{i}.{name}": t for i, theta in enumerate(thetas) for name, t in theta.items()}
+    weights = {
+        f"cases.{i}.{path}.{name}": t
+        for i, theta in enumerate(thetas) for path in PATHS for name, t in theta.items()
+    }  # fmt: skip
     with default_device(device), default_dtype(dtype):
         module = AllCases()
     types = [TensorType(dtype, ["m", k], ref) for _, _, k, _ in cases]

@@ -101,8 +101,12 @@ def _auto_on_cuda(config: AttnQuantConfig, residual: bool) -> PathChoice:
     On the H200 (run 10, docs/throughput.md) the GEMM formulation and the fold
     gave other greedy texts than torch's emulation of every path for the same
     theta, while generated_linear gave torch's; without a residual, GEMM gave
-    dense W_eff's text. Speed alone would pick GEMM (dense W_eff's decode speed
-    against generated_linear's 1.25-1.34x time per token)."""
+    dense W_eff's text. Run 11 cleared the low-rank matmuls themselves and
+    found dense W_eff's logits (MAX's matmuls too) 5.2 away from
+    generated_linear's: until the next lease says which side departs from
+    torch, this keeps the path whose text matched. Speed alone would pick
+    GEMM (dense W_eff's decode speed against generated_linear's 1.25-1.34x
+    time per token)."""
     if not residual:
         return PathChoice(ReconstructionPath.GEMM, "auto: cuda GPU, no residual: MAX's tensor-core matmuls")
     if config.rank > MAX_GENERATED_RANK:
@@ -122,6 +126,6 @@ def residual_caution(choice: PathChoice, device_api: str, *, residual: bool) -> 
     return (
         f"attnquant: path={choice.path.value} with a low-rank residual on an NVIDIA GPU: on the H200 this "
         "path's greedy text differed from torch's for the same theta while generated_linear's matched "
-        "(docs/throughput.md, run 10; not yet explained). ATTNQUANT_GEMM=0 serves the same theta with "
-        "generated_linear (rank <= 64); ATTNQUANT_PRECOMPUTE_OUTSIDE=1 serves W_eff."
+        "(docs/throughput.md, runs 10 and 11: not the low-rank matmuls; the cause is not found). "
+        "ATTNQUANT_GEMM=0 serves the same theta with generated_linear (rank <= 64)."
     )

@@ -244,8 +244,16 @@ def host_weights(served: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return weights
 
 
-def transformers_source(model_dir: Path, env: Mapping[str, str]) -> LogitSource:
-    """transformers float32 with the weights MAX serves under ``env``."""
+def transformers_source(
+    model_dir: Path,
+    env: Mapping[str, str],
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LogitSource:
+    """transformers with the weights MAX serves under ``env`` (float32 on the
+    CPU unless told otherwise: ``bench/ingraph_paths_max.py`` also runs it in
+    bfloat16 on the accelerator, as a yardstick for MAX's bf16 logits)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
@@ -264,11 +272,11 @@ def transformers_source(model_dir: Path, env: Mapping[str, str]) -> LogitSource:
         raise ValueError(
             f"{model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
         )
-    model.eval()
+    model.to(device, dtype).eval()
 
     @torch.no_grad()
     def logits(window: Sequence[int]) -> torch.Tensor:
-        return model(torch.tensor([list(window)])).logits[0].float()
+        return model(torch.tensor([list(window)], device=device)).logits[0].float().cpu()
 
     return logits
 
@@ -280,19 +288,26 @@ class MaxSource:
     ``enable_echo`` on: the model then returns logits for every position.
     Each window claims KV cache, runs one prefill and releases it.
     ``gpu=True`` runs it on the first accelerator in bfloat16 (the served
-    dtype) instead of on the CPU in float32.
+    dtype) instead of on the CPU in float32. ``builtin=True`` builds MAX's
+    own architecture for the checkpoint instead of ours (a diagnostic: it
+    serves the checkpoint's weights and ignores ``ATTNQUANT_*``). Build it
+    before any of ours in the process: once ours is registered, it answers
+    for the architecture's name.
     """
 
-    def __init__(self, model_dir: Path, env: Mapping[str, str], *, gpu: bool = False) -> None:
+    def __init__(
+        self, model_dir: Path, env: Mapping[str, str], *, gpu: bool = False, builtin: bool = False
+    ) -> None:
         from max.driver import DeviceSpec
         from max.pipelines import PIPELINE_REGISTRY, PipelineArgs, PipelineConfig
 
         import attnquant
 
+        # The "<dir>/attnquant" form, as run_max.py passes it.
+        ours = [] if builtin else [str(Path(attnquant.__file__).resolve().parent)]
         args = PipelineArgs.from_flat_kwargs(
             model_path=str(model_dir),
-            # The "<dir>/attnquant" form, as run_max.py passes it.
-            custom_architectures=[str(Path(attnquant.__file__).resolve().parent)],
+            custom_architectures=ours,
             device_specs=[DeviceSpec.accelerator() if gpu else DeviceSpec.cpu()],
             quantization_encoding="bfloat16" if gpu else "float32",
             enable_echo=True,

@@ -64,13 +64,15 @@ def test_auto_on_cuda_uses_gemm_where_generated_is_not_needed_or_cannot_serve() 
         (dict(gemm=False), "cuda", True, False),
     ],
 )
-def test_residual_caution_names_the_path_and_the_alternatives(changes, api, residual, warned) -> None:
+def test_residual_caution_names_the_path_and_the_alternative(changes, api, residual, warned) -> None:
     choice = choose_path(dataclasses.replace(BASE, **changes), api, residual=residual)
     caution = residual_caution(choice, api, residual=residual)
     assert (caution is not None) == warned
     if warned:
         assert f"path={choice.path.value}" in caution
-        assert "ATTNQUANT_GEMM=0" in caution and "ATTNQUANT_PRECOMPUTE_OUTSIDE=1" in caution
+        assert "ATTNQUANT_GEMM=0" in caution
+        # Not offered since run 11: dense W_eff's logits departed from generated_linear's too.
+        assert "ATTNQUANT_PRECOMPUTE_OUTSIDE=1" not in caution
 
 
 @pytest.mark.parametrize("gemm, expected", [(True, "gemm"), (False, "generated")])

@@ -2,15 +2,16 @@
 
     python bench/ingraph_paths_max.py CHECKPOINT [--gpu] [--cells 13:4 26:0]
         [--paths precompute-outside gemm graph-fold generated ...]
-        [--save DIR] [--load DIR] [--prompt "w100 w200 w300"]
+        [--save DIR] [--load DIR] [--prompts "w100" "w100 w200 w300" ...]
 
 ``tests/test_reconstruction_paths.py`` checks the paths on a two-layer stack
 of toy widths, on CPU. This runs a whole checkpoint (e.g.
-``make_random_gemma3.py``'s Gemma 3 1B) for one prompt and prints, per
-theta cell (G:R), each source's full-vocabulary logits at every position
-against a baseline: max and mean |delta logit|, whether every position keeps
-the baseline's top-1, and the first generated token's margin (top-1 minus
-top-2). Sources:
+``make_random_gemma3.py``'s Gemma 3 1B) for a few prompts (1, 3 and 12
+tokens by default: on sm_90 MAX runs one row as a GEMV, more with its
+tensor-core kernel) and prints, per theta cell (G:R) and prompt, each
+source's full-vocabulary logits at every position against a baseline: max
+and mean |delta logit|, whether every position keeps the baseline's top-1,
+and the next token's margin (top-1 minus top-2). Sources:
 
 - our architecture with the projections served each way (``PATHS``): on CPU
   in float32, or with ``--gpu`` on the accelerator in bfloat16;
@@ -25,8 +26,8 @@ top-2). Sources:
 
 Run 10 (docs/throughput.md) is why: on the H200 the GEMM and fold paths gave
 other greedy texts than torch's bf16 emulation of every path; run 11 found
-precompute-outside's logits 5.2 away from ``generated``'s there. On CPU, agreement says
-the paths' graphs are right at this geometry; on the GPU, a source much
+precompute-outside's logits 5.2 away from ``generated``'s there. On CPU,
+agreement says the paths' graphs are right at this geometry; on the GPU, a source much
 further from torch-float32 than torch-bfloat16 is says the device computes
 it differently. One compile per MAX source (about ten minutes each on 2 CPU
 cores, three on the H200), so a device lease splits the sources over
@@ -61,6 +62,9 @@ PATHS = {
 }
 TORCH = {"torch-float32": torch.float32, "torch-bfloat16": torch.bfloat16}
 SOURCES = ("builtin", *TORCH, *PATHS)
+# 1, 3 and 12 tokens: MAX on sm_90 runs a 1-row matmul as a GEMV and more
+# rows with its tensor-core kernel (modular/modular#6883 saw rows from 8 on wrong).
+DEFAULT_PROMPTS = ["w100", "w100 w200 w300", " ".join(f"w{100 * i}" for i in range(1, 13))]
 
 
 def cell_env(cell: tuple[int, int], path: str | None) -> dict[str, str]:
@@ -69,22 +73,23 @@ def cell_env(cell: tuple[int, int], path: str | None) -> dict[str, str]:
     return {**env, **PATHS[path]} if path else env
 
 
-def source_logits(checkpoint: Path, window: list[int], cell: tuple[int, int], name: str, gpu: bool) -> torch.Tensor:
-    """The logits at every position of ``window`` from source ``name``."""
+def source_logits(
+    checkpoint: Path, windows: dict[str, list[int]], cell: tuple[int, int], name: str, gpu: bool
+) -> dict[str, torch.Tensor]:
+    """Prompt -> the logits at every position of its window, from source ``name``
+    (one model build for every window)."""
     if name in TORCH:
         device = "cuda" if gpu else "cpu"
-        logits = transformers_source(checkpoint, cell_env(cell, None), device=device, dtype=TORCH[name])(window)
-        gc.collect()
-        if gpu:
-            torch.cuda.empty_cache()  # MAX sizes its KV cache from the free device memory
-        return logits
-    if name == "builtin":
+        source = transformers_source(checkpoint, cell_env(cell, None), device=device, dtype=TORCH[name])
+    elif name == "builtin":
         source = MaxSource(checkpoint, cell_env(cell, None), gpu=gpu, builtin=True)
     else:
         source = MaxSource(checkpoint, cell_env(cell, name), gpu=gpu)
-    logits = source(window)
+    logits = {prompt: source(window) for prompt, window in windows.items()}
     del source
     gc.collect()  # one model in memory at a time
+    if gpu:
+        torch.cuda.empty_cache()  # MAX sizes its KV cache from the free device memory
     return logits
 
 
@@ -92,7 +97,7 @@ def compare(label: str, logits: dict[str, torch.Tensor], baseline: str) -> None:
     """One line per source: its distance from ``baseline``'s logits."""
     base = logits[baseline]
     print(f"{label}: every source against {baseline} (max |logit| {float(base.abs().max()):.2f})")
-    print("| source | max abs delta | mean abs delta | same top-1 everywhere | first-token margin | first token |")
+    print("| source | max abs delta | mean abs delta | same top-1 everywhere | next-token margin | next token |")
     print("|---|---|---|---|---|---|")
     for name, values in logits.items():
         delta = (values - base).abs()
@@ -112,31 +117,36 @@ def main() -> None:
                         choices=SOURCES, help="sources to run in this call")  # fmt: skip
     parser.add_argument("--save", type=Path, help="write each source's logits here")
     parser.add_argument("--load", type=Path, help="compare with logits an earlier call saved here")
-    parser.add_argument("--prompt", default="w100 w200 w300")
+    parser.add_argument("--prompts", nargs="+", default=DEFAULT_PROMPTS,
+                        help="one window each (the random checkpoint's tokenizer: one token per word)")  # fmt: skip
     args = parser.parse_args()
     if "builtin" in args.paths and not args.gpu:
         parser.error("builtin needs --gpu: MAX 26.7's own Gemma 3 refuses float32, and bfloat16 on CPU")
 
     from transformers import AutoTokenizer
 
-    window = AutoTokenizer.from_pretrained(args.checkpoint)(args.prompt).input_ids
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    windows = {prompt: tokenizer(prompt).input_ids for prompt in args.prompts}
     # torch first (it hands its memory back), then MAX's own architecture
     # before ours registers over its name.
     names = sorted(dict.fromkeys(args.paths), key=lambda name: (name not in TORCH, name != "builtin"))
     for text in args.cells:
         cell = tuple(int(part) for part in text.split(":"))
         stem = f"G{cell[0]}R{cell[1]}"
-        logits = {}
+        logits: dict[str, dict[str, torch.Tensor]] = {}
         if args.load:
             for file in sorted(args.load.glob(f"{stem}-*.pt")):
                 logits[file.stem.removeprefix(f"{stem}-")] = torch.load(file)
         for name in names:
-            logits[name] = source_logits(args.checkpoint, window, cell, name, args.gpu)
+            logits[name] = source_logits(args.checkpoint, windows, cell, name, args.gpu)
             if args.save:
                 args.save.mkdir(parents=True, exist_ok=True)
                 torch.save(logits[name], args.save / f"{stem}-{name}.pt")
         baseline = "torch-float32" if "torch-float32" in logits else next(iter(logits))
-        compare(f"G={cell[0]} R={cell[1]}, {'GPU bfloat16' if args.gpu else 'CPU float32'}", logits, baseline)
+        for prompt, window in windows.items():
+            label = f"G={cell[0]} R={cell[1]}, {'GPU bfloat16' if args.gpu else 'CPU float32'}, {len(window)} tokens"
+            compare(label, {name: by_prompt[prompt] for name, by_prompt in logits.items() if prompt in by_prompt},
+                    baseline)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Does MAX compute our dense projections, and Gemma's MLP and post-MLP norm around them, as torch does on this device?
 
-    python bench/max_gpu_patterns_check.py [--device gpu|cpu] [--m 1 4 8 9 16 64]
+    python bench/max_gpu_patterns_check.py [--device gpu|cpu] [--m 1 2 3 8 9 12 64]
 
 Run 11 (docs/throughput.md) found, on the H200 in bfloat16, our model's
 logits with every projection a plain MAX matmul (precompute-outside) up to
@@ -16,7 +16,9 @@ model runs, built from the served modules (``attnquant.linear``,
 - ``dense.<group>``: each 1B projection group as precompute-outside serves it;
 - ``down_norm``: the post-feedforward norm applied to ``down``'s output;
 - ``mlp``: ``down(gelu_tanh(gate) * up)`` with gate|up one matmul, then split;
-- ``mlp_norm``: the same followed by the post-feedforward norm (#6883's pattern).
+- ``mlp_norm``: the same followed by the post-feedforward norm (#6883's pattern);
+- ``layer_mlp``: a decoder layer's MLP half, ``x + post(mlp(pre(x)))``, a
+  longer chain (#6883's reporter saw errors grow along chains).
 
 Each output is compared with float64 on the host (same rounded inputs and
 weights, no intermediate rounding), and so is torch's computation of the
@@ -66,6 +68,16 @@ def build_cases() -> dict[str, object]:
         def forward(self, x):
             return self.norm(self.inner(x))
 
+    class LayerMLP(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre_norm = Gemma3RMSNorm(HIDDEN, eps=EPS)
+            self.mlp = mlp()
+            self.post_norm = Gemma3RMSNorm(HIDDEN, eps=EPS)
+
+        def forward(self, x):
+            return x + self.post_norm(self.mlp(self.pre_norm(x)))
+
     def mlp() -> Module:
         return ProjectedMLP(dense_part("gate_up", *GROUPS["gate_up"]), dense_part("down", *GROUPS["down"]), "gelu_tanh")
 
@@ -74,11 +86,13 @@ def build_cases() -> dict[str, object]:
     cases["down_norm"] = Normed(build_projection(dense_part("down", *GROUPS["down"])))
     cases["mlp"] = mlp()
     cases["mlp_norm"] = Normed(mlp())
+    cases["layer_mlp"] = LayerMLP()
     return cases
 
 
 def in_dim(name: str) -> int:
-    return {"square": 1536, "down_norm": INTERMEDIATE, "mlp": HIDDEN, "mlp_norm": HIDDEN}.get(name) or GROUPS[name.split(".")[1]][1]
+    widths = {"square": 1536, "down_norm": INTERMEDIATE, "mlp": HIDDEN, "mlp_norm": HIDDEN, "layer_mlp": HIDDEN}
+    return widths.get(name) or GROUPS[name.split(".")[1]][1]
 
 
 def gemma_norm(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -100,6 +114,8 @@ def expression(name: str, w: dict[str, torch.Tensor]) -> Callable[[torch.Tensor]
         return mlp
     if name == "mlp_norm":
         return lambda x: gemma_norm(mlp(x), w["norm"])
+    if name == "layer_mlp":
+        return lambda x: x + gemma_norm(mlp(gemma_norm(x, w["pre_norm"])), w["post_norm"])
     if name == "down_norm":
         return lambda x: gemma_norm(x @ w["down"].T, w["norm"])
     return lambda x: x @ w["weight"].T
@@ -110,15 +126,16 @@ def random_weights(name: str, g: torch.Generator) -> dict[str, torch.Tensor]:
     shapes = {"square": {"weight": (1536, 1536)}, "mlp": {"gate_up": GROUPS["gate_up"], "down": GROUPS["down"]}}
     shapes["mlp_norm"] = {**shapes["mlp"], "norm": (HIDDEN,)}
     shapes["down_norm"] = {"down": GROUPS["down"], "norm": (HIDDEN,)}
+    shapes["layer_mlp"] = {**shapes["mlp"], "pre_norm": (HIDDEN,), "post_norm": (HIDDEN,)}
     spec = shapes.get(name) or {"weight": GROUPS[name.split(".")[1]]}
-    return {key: torch.randn(shape, generator=g) * (0.1 if key == "norm" else 0.02) for key, shape in spec.items()}
+    return {key: torch.randn(shape, generator=g) * (0.1 if key.endswith("norm") else 0.02) for key, shape in spec.items()}
 
 
 def module_weights(name: str, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The case's tensors under the served module's parameter names."""
-    prefix = "inner." if name.endswith("_norm") else ""
+    prefix = {"mlp_norm": "inner.", "layer_mlp": "mlp."}.get(name, "")
     names = {"weight": "weight", "gate_up": f"{prefix}gate_up_proj.weight", "down": f"{prefix}down_proj.weight",
-             "norm": "norm.weight"}  # fmt: skip
+             "norm": "norm.weight", "pre_norm": "pre_norm.weight", "post_norm": "post_norm.weight"}  # fmt: skip
     if name == "down_norm":
         names["down"] = "inner.weight"
     return {names[key]: t for key, t in w.items()}
@@ -131,7 +148,7 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
-    parser.add_argument("--m", type=int, nargs="+", default=[1, 4, 8, 9, 16, 64], help="token counts to run")
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 3, 8, 9, 12, 64], help="token counts to run")
     parser.add_argument("--ratio", type=float, default=3.0, help="MAX error over torch's counted as wrong")
     args = parser.parse_args()
 

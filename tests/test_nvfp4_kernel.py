@@ -87,6 +87,10 @@ def test_prepare_weights_round_trips(n: int, k: int) -> None:
 def test_prepare_weights_zeroes_codes_of_zero_scale_blocks() -> None:
     packed, scale_bits = random_nvfp4(16, 64)
     scale_bits[3, 1] = 0
+    # Its neighbour keeps a normal scale (random_nvfp4 draws zero scales too,
+    # which would zero that block's codes as well) and some nonzero code.
+    scale_bits[3, 0] = 0x38
+    packed[3, 0] = 0x11
     codes, scales = K.prepare_weights(packed, scale_bits)
     # Every bf16 the kernel would feed the tensor core for that block is +-0,
     # whatever scale it applies.

@@ -33,9 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# [N, K] of each Gemma 3 1B projection group as attnquant serves it (q|k|v and
-# gate|up fused; ATTNQUANT_QKV_FUSE=1).
-GROUPS = {"qkv": (1536, 1152), "o": (1152, 1024), "gate_up": (13824, 1152), "down": (1152, 6912)}
+from graph_cases import GROUPS, building, compile_cases, relative_error, target  # noqa: E402
+
 PADDED_RANKS = (32, 64, 96, 128)
 
 
@@ -82,52 +81,29 @@ def main() -> None:
     parser.add_argument("--bound", type=float, default=2e-2, help="relative error counted as wrong")
     args = parser.parse_args()
 
-    from max.driver import CPU, Accelerator
-    from max.dtype import DType
-    from max.experimental.nn import Module
-    from max.experimental.nn.sequential import ModuleList
-    from max.experimental.tensor import Tensor, default_device, default_dtype
-    from max.graph import DeviceRef, TensorType
-
-    device, ref, dtype, tdtype = (
-        (Accelerator(), DeviceRef.GPU(), DType.bfloat16, torch.bfloat16)
-        if args.device == "gpu" else (CPU(), DeviceRef.CPU(), DType.float32, torch.float32)
-    )  # fmt: skip
+    where = target(args.device == "gpu")
     cases = [(group, n, k, rp) for group, (n, k) in GROUPS.items() for rp in args.ranks]
     g = torch.Generator().manual_seed(0)
-    thetas = [{name: t.to(tdtype) for name, t in random_theta(n, k, rp, g).items()} for _, n, k, rp in cases]
-
-    class AllCases(Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cases = ModuleList([build_case(n, k, rp, f"{group}.{rp}") for group, n, k, rp in cases])
-
-        def forward(self, *xs):
-            return tuple(y for case, x in zip(self.cases, xs, strict=True) for y in case(x))
-
-    weights = {
-        f"cases.{i}.{path}.{name}": t
-        for i, theta in enumerate(thetas) for path in PATHS for name, t in theta.items()
-    }  # fmt: skip
-    with default_device(device), default_dtype(dtype):
-        module = AllCases()
-    types = [TensorType(dtype, ["m", k], ref) for _, _, k, _ in cases]
-    run = module.compile(*types, weights=weights)
+    thetas = [{name: t.to(where.torch_dtype) for name, t in random_theta(n, k, rp, g).items()} for _, n, k, rp in cases]
+    with building(where):
+        modules = [build_case(n, k, rp, f"{group}.{rp}") for group, n, k, rp in cases]
+    # Both paths of a case get the same theta.
+    weights = [{f"{path}.{name}": t for path in PATHS for name, t in theta.items()} for theta in thetas]
+    run = compile_cases(modules, [k for _, _, k, _ in cases], weights, where)
 
     failures = 0
-    print(f"device {args.device}, {dtype}; relative error vs float64, bound {args.bound:.0e}")
+    print(f"device {args.device}, {where.dtype}; relative error vs float64, bound {args.bound:.0e}")
     print("| group [N, K] | Rp | M | GEMM | fold |\n|---|---|---|---|---|")
     for m in args.m:
-        xs = [torch.randn(m, k, generator=g).to(tdtype) for _, _, k, _ in cases]
-        outputs = run(*[Tensor.from_dlpack(x).to(device) for x in xs])
+        xs = [torch.randn(m, k, generator=g).to(where.torch_dtype) for _, _, k, _ in cases]
+        outputs = run(xs)
         for i, ((group, n, k, rp), theta, x) in enumerate(zip(cases, thetas, xs, strict=True)):
             t = {name: v.double() for name, v in theta.items()}
             w_eff = t["scale"][:, None] * t["w0"] + t["u"] @ t["v"].T
             expected = x.double() @ w_eff.T
             cells = []
-            for y in outputs[2 * i : 2 * i + 2]:
-                got = torch.from_dlpack(y.to(CPU())).double()
-                error = float((got - expected).norm() / expected.norm())
+            for got in outputs[2 * i : 2 * i + 2]:
+                error = relative_error(got, expected)
                 failures += error > args.bound
                 cells.append(f"{error:.1e}" + (" FAIL" if error > args.bound else ""))
             print(f"| {group} [{n}, {k}] | {rp} | {m} | {cells[0]} | {cells[1]} |", flush=True)

@@ -33,31 +33,56 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-HIDDEN, INTERMEDIATE = 1152, 6912  # Gemma 3 1B
-# [N, K] of each projection group as attnquant serves it (q|k|v and gate|up fused).
-GROUPS = {"qkv": (1536, HIDDEN), "o": (HIDDEN, 1024), "gate_up": (2 * INTERMEDIATE, HIDDEN), "down": (HIDDEN, INTERMEDIATE)}
+from graph_cases import GROUPS, HIDDEN, INTERMEDIATE, building, compile_cases, relative_error, target  # noqa: E402
+
 EPS = 1e-6
+Weights = dict[str, torch.Tensor]
 
 
-def dense_part(name: str, n: int, k: int):
-    from attnquant.runtime_layout import PartPlan
+@dataclass(frozen=True)
+class Case:
+    module: Any  # the served module, built under graph_cases.building
+    in_width: int
+    torch_expression: Callable[[Weights, torch.Tensor], torch.Tensor]
+    """The same math in torch, given the module's parameters by name."""
 
-    return (PartPlan("dense", (name,), (n,), k),)
+
+def gemma_norm(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Gemma's RMSNorm as transformers computes it: float32 (or wider), scale by 1 + w, then cast."""
+    wide = y.to(torch.promote_types(y.dtype, torch.float32))
+    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + EPS)
+    return (normed * (1.0 + weight.to(wide.dtype))).to(y.dtype)
 
 
-def build_cases() -> dict[str, object]:
-    """name -> served module; each takes x [m, K] and returns [m, N]."""
+def gated_mlp(w: Weights, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
+    """``ProjectedMLP``'s math: gate|up in one matmul, split, gelu_tanh(gate) * up, down."""
+    gate, up = (x @ w[f"{prefix}gate_up_proj.weight"].T).split(INTERMEDIATE, dim=-1)
+    return (torch.nn.functional.gelu(gate, approximate="tanh") * up) @ w[f"{prefix}down_proj.weight"].T
+
+
+def build_cases() -> dict[str, Case]:
+    """The patterns, from the served modules; each takes x [m, in_width]."""
     from max.experimental.nn import Module
     from max.pipelines.architectures.gemma3_modulev3.layers.rms_norm import Gemma3RMSNorm
 
     from attnquant.linear import build_projection
+    from attnquant.runtime_layout import PartPlan
     from models.common.mlp import ProjectedMLP
+
+    def dense(name: str, n: int, k: int) -> Module:
+        return build_projection((PartPlan("dense", (name,), (n,), k),))
+
+    def mlp() -> Module:
+        gate_up, down = (PartPlan("dense", (g,), GROUPS[g][:1], GROUPS[g][1]) for g in ("gate_up", "down"))
+        return ProjectedMLP((gate_up,), (down,), "gelu_tanh")
 
     class Normed(Module):
         def __init__(self, inner: Module) -> None:
@@ -78,71 +103,33 @@ def build_cases() -> dict[str, object]:
         def forward(self, x):
             return x + self.post_norm(self.mlp(self.pre_norm(x)))
 
-    def mlp() -> Module:
-        return ProjectedMLP(dense_part("gate_up", *GROUPS["gate_up"]), dense_part("down", *GROUPS["down"]), "gelu_tanh")
+    def linear(w: Weights, x: torch.Tensor) -> torch.Tensor:
+        return x @ w["weight"].T
 
-    cases = {"square": build_projection(dense_part("square", 1536, 1536))}
-    cases.update({f"dense.{g}": build_projection(dense_part(g, n, k)) for g, (n, k) in GROUPS.items()})
-    cases["down_norm"] = Normed(build_projection(dense_part("down", *GROUPS["down"])))
-    cases["mlp"] = mlp()
-    cases["mlp_norm"] = Normed(mlp())
-    cases["layer_mlp"] = LayerMLP()
+    cases = {"square": Case(dense("square", 1536, 1536), 1536, linear)}
+    cases.update({f"dense.{g}": Case(dense(g, n, k), k, linear) for g, (n, k) in GROUPS.items()})
+    cases["down_norm"] = Case(
+        Normed(dense("down", *GROUPS["down"])), INTERMEDIATE,
+        lambda w, x: gemma_norm(x @ w["inner.weight"].T, w["norm.weight"]),
+    )  # fmt: skip
+    cases["mlp"] = Case(mlp(), HIDDEN, gated_mlp)
+    cases["mlp_norm"] = Case(
+        Normed(mlp()), HIDDEN, lambda w, x: gemma_norm(gated_mlp(w, x, "inner."), w["norm.weight"])
+    )
+    cases["layer_mlp"] = Case(
+        LayerMLP(), HIDDEN,
+        lambda w, x: x + gemma_norm(gated_mlp(w, gemma_norm(x, w["pre_norm.weight"]), "mlp."), w["post_norm.weight"]),
+    )  # fmt: skip
     return cases
 
 
-def in_dim(name: str) -> int:
-    widths = {"square": 1536, "down_norm": INTERMEDIATE, "mlp": HIDDEN, "mlp_norm": HIDDEN, "layer_mlp": HIDDEN}
-    return widths.get(name) or GROUPS[name.split(".")[1]][1]
-
-
-def gemma_norm(y: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Gemma's RMSNorm as transformers computes it: float32 (or wider), scale by 1 + w, then cast."""
-    wide = y.to(torch.promote_types(y.dtype, torch.float32))
-    normed = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + EPS)
-    return (normed * (1.0 + weight.to(wide.dtype))).to(y.dtype)
-
-
-def expression(name: str, w: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The case's math in torch, in whatever dtype and device ``w`` and x are."""
-    gelu = torch.nn.functional.gelu
-
-    def mlp(x: torch.Tensor) -> torch.Tensor:
-        gate, up = (x @ w["gate_up"].T).split(INTERMEDIATE, dim=-1)
-        return (gelu(gate, approximate="tanh") * up) @ w["down"].T
-
-    if name == "mlp":
-        return mlp
-    if name == "mlp_norm":
-        return lambda x: gemma_norm(mlp(x), w["norm"])
-    if name == "layer_mlp":
-        return lambda x: x + gemma_norm(mlp(gemma_norm(x, w["pre_norm"])), w["post_norm"])
-    if name == "down_norm":
-        return lambda x: gemma_norm(x @ w["down"].T, w["norm"])
-    return lambda x: x @ w["weight"].T
-
-
-def random_weights(name: str, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """The random checkpoint's scale: N(0, 0.02) projections, small norm weights."""
-    shapes = {"square": {"weight": (1536, 1536)}, "mlp": {"gate_up": GROUPS["gate_up"], "down": GROUPS["down"]}}
-    shapes["mlp_norm"] = {**shapes["mlp"], "norm": (HIDDEN,)}
-    shapes["down_norm"] = {"down": GROUPS["down"], "norm": (HIDDEN,)}
-    shapes["layer_mlp"] = {**shapes["mlp"], "pre_norm": (HIDDEN,), "post_norm": (HIDDEN,)}
-    spec = shapes.get(name) or {"weight": GROUPS[name.split(".")[1]]}
-    return {key: torch.randn(shape, generator=g) * (0.1 if key.endswith("norm") else 0.02) for key, shape in spec.items()}
-
-
-def module_weights(name: str, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The case's tensors under the served module's parameter names."""
-    prefix = {"mlp_norm": "inner.", "layer_mlp": "mlp."}.get(name, "")
-    names = {"weight": "weight", "gate_up": f"{prefix}gate_up_proj.weight", "down": f"{prefix}down_proj.weight",
-             "norm": "norm.weight", "pre_norm": "pre_norm.weight", "post_norm": "post_norm.weight"}  # fmt: skip
-    if name == "down_norm":
-        names["down"] = "inner.weight"
-    return {names[key]: t for key, t in w.items()}
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.double() - expected).norm() / expected.norm())
+def random_weights(module: Any, g: torch.Generator) -> Weights:
+    """One tensor per parameter of ``module``, at the random checkpoint's
+    scale: N(0, 0.02) projections, N(0, 0.1) norm weights."""
+    return {
+        name: torch.randn([int(d) for d in t.shape], generator=g) * (0.1 if name.endswith("norm.weight") else 0.02)
+        for name, t in module.parameters
+    }
 
 
 def main() -> None:
@@ -152,50 +139,26 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=3.0, help="MAX error over torch's counted as wrong")
     args = parser.parse_args()
 
-    from max.driver import CPU, Accelerator
-    from max.dtype import DType
-    from max.experimental.nn import Module
-    from max.experimental.nn.sequential import ModuleList
-    from max.experimental.tensor import Tensor, default_device, default_dtype
-    from max.graph import DeviceRef, TensorType
-
-    gpu = args.device == "gpu"
-    device, ref, dtype, tdtype = (
-        (Accelerator(), DeviceRef.GPU(), DType.bfloat16, torch.bfloat16)
-        if gpu else (CPU(), DeviceRef.CPU(), DType.float32, torch.float32)
-    )  # fmt: skip
-    torch_device = "cuda" if gpu else "cpu"
-    with default_device(device), default_dtype(dtype):
+    where = target(args.device == "gpu")
+    with building(where):
         cases = build_cases()
-    names = list(cases)
     g = torch.Generator().manual_seed(0)
-    weights = {name: {k: t.to(tdtype) for k, t in random_weights(name, g).items()} for name in names}
-
-    class AllCases(Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.cases = ModuleList([cases[name] for name in names])
-
-        def forward(self, *xs):
-            return tuple(case(x) for case, x in zip(self.cases, xs, strict=True))
-
-    with default_device(device), default_dtype(dtype):
-        module = AllCases()
-    flat = {f"cases.{i}.{key}": t for i, name in enumerate(names) for key, t in module_weights(name, weights[name]).items()}
-    run = module.compile(*[TensorType(dtype, ["m", in_dim(name)], ref) for name in names], weights=flat)
+    weights = {name: {k: t.to(where.torch_dtype) for k, t in random_weights(case.module, g).items()}
+               for name, case in cases.items()}  # fmt: skip
+    run = compile_cases([c.module for c in cases.values()], [c.in_width for c in cases.values()],
+                        list(weights.values()), where)  # fmt: skip
 
     failures = 0
-    print(f"device {args.device}, {dtype}; relative error (norm) vs float64; FAIL: MAX above {args.ratio}x torch's")
+    print(f"device {args.device}, {where.dtype}; relative error (norm) vs float64; FAIL: MAX above {args.ratio}x torch's")
     print("| case | M | MAX | torch (same device, dtype) | MAX / torch |\n|---|---|---|---|---|")
     for m in args.m:
-        xs = [torch.randn(m, in_dim(name), generator=g).to(tdtype) for name in names]
-        outputs = run(*[Tensor.from_dlpack(x).to(device) for x in xs])
-        for name, x, y in zip(names, xs, outputs, strict=True):
+        xs = [torch.randn(m, case.in_width, generator=g).to(where.torch_dtype) for case in cases.values()]
+        for (name, case), x, got in zip(cases.items(), xs, run(xs), strict=True):
             w = weights[name]
-            expected = expression(name, {k: t.double() for k, t in w.items()})(x.double())
-            on_device = {k: t.to(torch_device) for k, t in w.items()}
-            torch_error = relative_error(expression(name, on_device)(x.to(torch_device)).cpu(), expected)
-            max_error = relative_error(torch.from_dlpack(y.to(CPU())), expected)
+            expected = case.torch_expression({k: t.double() for k, t in w.items()}, x.double())
+            on_device = {k: t.to(where.torch_device) for k, t in w.items()}
+            torch_error = relative_error(case.torch_expression(on_device, x.to(where.torch_device)).cpu(), expected)
+            max_error = relative_error(got, expected)
             bad = max_error > max(args.ratio * torch_error, 1e-5)
             failures += bad
             print(f"| {name} | {m} | {max_error:.1e}{' FAIL' if bad else ''} | {torch_error:.1e} | "

@@ -11,7 +11,8 @@ Backends, tried in order (first that can implement the layer wins):
     Tensor-core GEMV (``mma.sync`` bf16, fp32 accumulation) over weights
     re-laid out once at load by :func:`prepare_weights`; NVIDIA sm_80+, bf16
     activations. M <= 16 runs the GEMV; larger M (prefill) dequantizes to bf16
-    once per call and uses MAX's matmul, chosen at run time with ``F.cond``.
+    once per call and uses MAX's matmul (``attnquant.matmul.linear``, rows
+    padded to full tiles on sm_90), chosen at run time with ``F.cond``.
 ``mojo-cpu``
     Mojo CPU kernel on the ModelOpt layout, float32 activations.
 ``mojo-gpu``

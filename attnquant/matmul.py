@@ -14,16 +14,32 @@ Compiled for a virtual sm_90a device on 2026-12-01 (``bench/sm90_matmul_shapes.p
 [2688, 21504], [21504, 5376], [5376, 16384], [16384, 5376], [18432, 5376]
 and [262144, 5376] compile with symbolic M. Splitting W's rows in two moves
 both halves off the table; the two outputs are concatenated.
+
+MAX 26.7's bf16 matmul on sm_90 also goes wrong when the token count M is
+not a multiple of 64 (and not 1, which runs a GEMV). On the H200 (run 12,
+2026-12-02, ``bench/max_gpu_patterns_check.py``, docs/throughput.md) a graph
+of the Gemma 3 1B projection groups came back wrong at M = 2 to 63, 65 and
+96 (relative error up to 1.0, what all-zero rows give; torch 1.7e-3), right
+at M = 1, 64 and 128. Every figure fits one reading: each matmul stores its
+last, partial 64-row tile whole, and the ``64 - M % 64`` rows of zeros past
+its end land in the buffer after it (its neighbour's output; in a model,
+whatever MAX placed there). MAX's own Gemma 3 departs from transformers at
+3- and 12-token prompts and not at 1. :func:`linear` pads the rows to a
+multiple of 64 on sm_90 (zero rows inside a buffer of our own, sliced off
+after); with it our model's logits are transformers' (bf16 rounding) at
+1, 3 and 12 tokens. modular/modular#6883 reports the same symptom on the H100.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor
+from max.graph import Dim
 
 logger = logging.getLogger("max.pipelines.attnquant.kernels")
 
@@ -50,8 +66,63 @@ def needs_row_split(n: int, k: int, dtype: DType, device_api: str, m_is_static: 
     return device_api == "cuda" and dtype == DType.bfloat16 and not m_is_static and (n, k) in SM90_SPLIT_K_SHAPES
 
 
+SM90_ROW_TILE = 64
+"""Row (token) counts of bf16 matmuls on sm_90 are padded to a multiple of this
+(or left at 1): MAX 26.7's kernel writes a partial tile of this many rows past
+the end of its output."""
+
+
+def needs_row_padding(dtype: DType, device_api: str, device_arch: str, m: object) -> bool:
+    """Whether a bf16 ``[M, K]`` input on this device could reach MAX 26.7's
+    partial-row-tile bug: bf16 on an sm_90 GPU (the only one it was seen on),
+    M symbolic or a static M other than 1 that is not a multiple of
+    :data:`SM90_ROW_TILE`."""
+    if device_api != "cuda" or not device_arch.startswith("sm_90") or dtype != DType.bfloat16:
+        return False
+    return not is_static_dim(m) or (int(m) > 1 and int(m) % SM90_ROW_TILE != 0)
+
+
+def padded_row_count(m: Dim) -> Dim:
+    """``m`` rounded up to a multiple of :data:`SM90_ROW_TILE`, but 1 stays 1.
+
+    One row runs MAX's GEMV, which is right and reads each weight once; padding
+    it to 64 would trade that for the tile kernel on every decode step. As one
+    expression of ``m`` (no run-time branch): ``64 // (m + 63)`` is 1 exactly
+    when m = 1, and takes the 63 padding rows back off.
+    """
+    tile = SM90_ROW_TILE
+    # Dim(tile) on the left: MAX 26.7's int // Dim recurses forever.
+    return ((m + (tile - 1)) // tile) * tile - (tile - 1) * (Dim(tile) // (m + (tile - 1)))
+
+
+def with_padded_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``fn(x)`` for a row-wise ``fn``, computed on ``x`` [M, K] with zero rows
+    appended up to :func:`padded_row_count` and the result's first M rows kept."""
+    m, k = x.shape
+    zeros = F.broadcast_to(F.constant(0, x.dtype, device=x.device), [padded_row_count(m) - m, k])
+    return fn(F.concat([x, zeros], axis=0))[:m]
+
+
+def on_full_row_tiles(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``fn(x)`` for a row-wise ``fn`` of MAX matmuls, its rows padded where
+    :func:`needs_row_padding` says MAX's kernel would write past its output.
+    Only rank-2 inputs (our models' ``[tokens, hidden]``) are padded."""
+    arch = "" if x.device.api == "cpu" else str(x.device.architecture_name)
+    if x.rank != 2 or not needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0]):
+        return fn(x)
+    _log_padding(arch)
+    return with_padded_rows(fn, x)
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight.T`` (x [..., K], weight [N, K]) with MAX's matmul."""
+    """``x @ weight.T`` (x [..., K], weight [N, K]) with MAX's matmul, its
+    rows padded on sm_90 (:func:`on_full_row_tiles`)."""
+    return on_full_row_tiles(functools.partial(linear_as_given, weight=weight), x)
+
+
+def linear_as_given(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight.T`` with MAX's matmul on ``x``'s rows as they are (no
+    padding), split where MAX 26.7 cannot compile the shape."""
     n, k = (int(d) for d in weight.shape)
     m = x.shape[0] if x.rank == 2 else None
     m_is_static = m is not None and is_static_dim(m)
@@ -74,6 +145,15 @@ def _log_split(n: int, k: int) -> None:
         "bf16 matmul [%d, %d] on NVIDIA: two halves of %d rows (MAX 26.7's SM90 split-K "
         "configuration for this shape does not compile with a symbolic token count)",
         n, k, n // 2,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def _log_padding(arch: str) -> None:
+    logger.info(
+        "bf16 matmuls on %s: token rows padded to a multiple of %d (MAX 26.7's sm_90 matmul "
+        "writes a partial %d-row tile past its output; docs/throughput.md, run 12)",
+        arch, SM90_ROW_TILE, SM90_ROW_TILE,
     )  # fmt: skip
 
 

@@ -98,15 +98,15 @@ def choose_path(config: AttnQuantConfig, device_api: str, *, residual: bool) -> 
 def _auto_on_cuda(config: AttnQuantConfig, residual: bool) -> PathChoice:
     """generated_linear wherever there is a residual it can serve; GEMM otherwise.
 
-    On the H200 (run 10, docs/throughput.md) the GEMM formulation and the fold
-    gave other greedy texts than torch's emulation of every path for the same
-    theta, while generated_linear gave torch's; without a residual, GEMM gave
-    dense W_eff's text. Run 11 cleared the low-rank matmuls themselves and
-    found dense W_eff's logits (MAX's matmuls too) 5.2 away from
-    generated_linear's: until the next lease says which side departs from
-    torch, this keeps the path whose text matched. Speed alone would pick
-    GEMM (dense W_eff's decode speed against generated_linear's 1.25-1.34x
-    time per token)."""
+    On the H200 (runs 10-12, docs/throughput.md) every path built on MAX's
+    matmuls (dense W_eff, GEMM, the fold, and MAX's own Gemma 3) departed from
+    transformers on prompts of more than one token, while generated_linear
+    (our kernel) matched it. Run 12 found why: MAX 26.7's sm_90 bf16 matmul
+    writes a partial 64-row tile past its output. ``attnquant.matmul`` now
+    pads the rows, and dense W_eff then matches transformers. GEMM pads too,
+    but has not been re-checked on the H200 since: until it is, this keeps the
+    path that matched. Speed alone would pick GEMM (dense W_eff's decode
+    speed against generated_linear's 1.25-1.34x time per token)."""
     if not residual:
         return PathChoice(ReconstructionPath.GEMM, "auto: cuda GPU, no residual: MAX's tensor-core matmuls")
     if config.rank > MAX_GENERATED_RANK:
@@ -114,7 +114,8 @@ def _auto_on_cuda(config: AttnQuantConfig, residual: bool) -> PathChoice:
         return PathChoice(ReconstructionPath.GEMM, f"auto: cuda GPU, {limit}")
     return PathChoice(
         ReconstructionPath.GENERATED,
-        "auto: cuda GPU with a residual: on the H200 generated_linear matched torch, GEMM did not (run 10)",
+        "auto: cuda GPU with a residual: on the H200 generated_linear matched torch; GEMM, row-padded "
+        "since run 12, is not yet re-checked there",
     )
 
 
@@ -125,7 +126,8 @@ def residual_caution(choice: PathChoice, device_api: str, *, residual: bool) -> 
         return None
     return (
         f"attnquant: path={choice.path.value} with a low-rank residual on an NVIDIA GPU: on the H200 this "
-        "path's greedy text differed from torch's for the same theta while generated_linear's matched "
-        "(docs/throughput.md, runs 10 and 11: not the low-rank matmuls; the cause is not found). "
+        "path's greedy text differed from torch's while generated_linear's matched (docs/throughput.md, "
+        "runs 10-12: MAX 26.7's sm_90 matmul wrote past its outputs; attnquant now pads their rows, "
+        "and this path has not been re-checked on the H200 since). "
         "ATTNQUANT_GEMM=0 serves the same theta with generated_linear (rank <= 64)."
     )

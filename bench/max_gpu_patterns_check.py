@@ -1,6 +1,6 @@
 """Does MAX compute our dense projections, and Gemma's MLP and post-MLP norm around them, as torch does on this device?
 
-    python bench/max_gpu_patterns_check.py [--device gpu|cpu] [--m 1 2 3 8 9 12 64]
+    python bench/max_gpu_patterns_check.py [--device gpu|cpu] [--m 1 2 3 8 9 12 64] [--unpadded]
 
 Run 11 (docs/throughput.md) found, on the H200 in bfloat16, our model's
 logits with every projection a plain MAX matmul (precompute-outside) up to
@@ -13,6 +13,7 @@ model runs, built from the served modules (``attnquant.linear``,
 ``models.common.mlp``, MAX's ``Gemma3RMSNorm``), with a symbolic token count:
 
 - ``square``: ``x W^T`` at [1536, 1536], #6883's shape;
+- ``raw.qkv``: the q|k|v group as one bare MAX matmul (no row padding);
 - ``dense.<group>``: each 1B projection group as precompute-outside serves it;
 - ``down_norm``: the post-feedforward norm applied to ``down``'s output;
 - ``mlp``: ``down(gelu_tanh(gate) * up)`` with gate|up one matmul, then split;
@@ -26,6 +27,14 @@ same expression on the same device and dtype: torch's error is the
 yardstick. A MAX error above ``--ratio`` times torch's (and above 1e-5) is
 printed FAIL. One compile (minutes on 2 CPU cores; on CPU in float32 both
 errors are ~1e-7).
+
+Run 12 (H200, ``bench/results/2026-12-02-h200-run12.txt``): before
+``attnquant.matmul`` padded rows on sm_90, every case but ``square`` failed
+at M = 2 to 63, 65 and 96 and passed at 1, 64 and 128, each by the amount a
+neighbouring case's ``64 - M % 64`` zero rows written past its own output
+would give; with the padding every case passed at 24 M from 1 to 2048 but
+``mlp_norm`` at M = 192 (3.8x torch's error), and so did ``raw.qkv``, the
+bare matmul: on that reading its overrun lands where nothing is checked.
 """
 
 from __future__ import annotations
@@ -71,6 +80,7 @@ def gated_mlp(w: Weights, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
 def build_cases() -> dict[str, Case]:
     """The patterns, from the served modules; each takes x [m, in_width]."""
     from max.experimental.nn import Module
+    from max.experimental.tensor import Tensor
     from max.pipelines.architectures.gemma3_modulev3.layers.rms_norm import Gemma3RMSNorm
 
     from attnquant.linear import build_projection
@@ -106,7 +116,19 @@ def build_cases() -> dict[str, Case]:
     def linear(w: Weights, x: torch.Tensor) -> torch.Tensor:
         return x @ w["weight"].T
 
+    class Raw(Module):
+        """``x W^T`` as one bare MAX matmul, as MAX's own Gemma 3 runs it
+        (attnquant.matmul pads the rows on sm_90; this does not)."""
+
+        def __init__(self, n: int, k: int) -> None:
+            super().__init__()
+            self.weight = Tensor.zeros([n, k])
+
+        def forward(self, x):
+            return x @ self.weight.T
+
     cases = {"square": Case(dense("square", 1536, 1536), 1536, linear)}
+    cases["raw.qkv"] = Case(Raw(*GROUPS["qkv"]), GROUPS["qkv"][1], linear)
     cases.update({f"dense.{g}": Case(dense(g, n, k), k, linear) for g, (n, k) in GROUPS.items()})
     cases["down_norm"] = Case(
         Normed(dense("down", *GROUPS["down"])), INTERMEDIATE,
@@ -137,7 +159,13 @@ def main() -> None:
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 3, 8, 9, 12, 64], help="token counts to run")
     parser.add_argument("--ratio", type=float, default=3.0, help="MAX error over torch's counted as wrong")
+    parser.add_argument("--unpadded", action="store_true",
+                        help="serve without attnquant.matmul's sm_90 row padding (run 12's first graph)")
     args = parser.parse_args()
+    if args.unpadded:
+        from attnquant import matmul
+
+        matmul.needs_row_padding = lambda *_: False  # diagnostic only: MAX's matmul as MAX runs it
 
     where = target(args.device == "gpu")
     with building(where):

@@ -1,12 +1,16 @@
-"""attnquant.matmul: the SM90 split-K guard and the row-split product.
+"""attnquant.matmul: the SM90 split-K guard, the row-split product and the row padding.
 
 Whether the split avoids MAX 26.7's uncompilable configuration is a compile
 for sm_90a (bench/sm90_matmul_shapes.py, minutes per shape, recorded in
-docs/throughput.md); here: when it applies, and that the split product is the
-product.
+docs/throughput.md), and whether padded rows avoid its wrong partial row
+tiles is a run on the H200 (bench/sm90_row_padding_check.py); here: when each
+applies, that the split product is the product, and that padding hands the
+kernel the row count it should and gives back the first M rows.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -38,24 +42,60 @@ def test_split_halves_leave_the_table() -> None:
         assert (n - n // 2, k) not in matmul.SM90_SPLIT_K_SHAPES
 
 
+@pytest.mark.parametrize(
+    ("dtype", "api", "arch", "m", "expected"),
+    [
+        (DType.bfloat16, "cuda", "sm_90a", "m", True),  # a decoder graph's token count
+        (DType.bfloat16, "cuda", "sm_90a", 3, True),
+        (DType.bfloat16, "cuda", "sm_90a", 1, False),  # MAX's GEMV: right
+        (DType.bfloat16, "cuda", "sm_90a", 128, False),  # full tiles only
+        (DType.bfloat16, "cuda", "sm_100a", "m", False),  # seen on sm_90 only
+        (DType.bfloat16, "cuda", "sm_80", "m", False),
+        (DType.float32, "cuda", "sm_90a", "m", False),
+        (DType.bfloat16, "cpu", "", "m", False),
+    ],
+)
+def test_needs_row_padding(dtype: DType, api: str, arch: str, m: object, expected: bool) -> None:
+    assert matmul.needs_row_padding(dtype, api, arch, m) is expected
+
+
+def test_padded_row_count_fills_the_last_tile_and_keeps_one_row() -> None:
+    from max.graph import Dim
+
+    tile = matmul.SM90_ROW_TILE
+    for m in range(1, 3 * tile + 2):
+        expected = 1 if m == 1 else -(-m // tile) * tile
+        assert int(matmul.padded_row_count(Dim(m))) == expected, m
+
+
 def test_is_static_dim() -> None:
     assert matmul.is_static_dim(3)
     assert not matmul.is_static_dim("m")
 
 
 @pytest.mark.max
-def test_row_split_linear_is_the_product() -> None:
-    """Odd N (unequal halves), symbolic M, leading dims: same as x @ W.T."""
+def test_row_split_and_padded_rows_give_the_product() -> None:
+    """Odd N (unequal halves), symbolic M, leading dims: same as x @ W.T; and
+    with padded rows: the same product, the function handed the padded count."""
     from max.driver import CPU
     from max.experimental import compilation
+    from max.experimental import functional as F
     from max.experimental.sharding import TensorLayout
     from max.experimental.tensor import Tensor
 
     device, f32 = CPU(), DType.float32
     n, k = 7, 12
 
+    def rows_seen(r):  # every element: the row count fn was handed
+        count = F.cast(F.shape_to_tensor([r.shape[0]]), f32).reshape([1, 1])
+        return F.broadcast_to(count, [r.shape[0], n])
+
     def forward(x, x3, w):
-        return matmul.row_split_linear(x, w), matmul.row_split_linear(x3, w), matmul.linear(x, w)
+        padded = matmul.with_padded_rows(functools.partial(matmul.linear_as_given, weight=w), x)
+        return (
+            matmul.row_split_linear(x, w), matmul.row_split_linear(x3, w), matmul.linear(x, w),
+            padded, matmul.with_padded_rows(rows_seen, x),
+        )  # fmt: skip
 
     types = [
         TensorLayout(f32, ["m", k], device),
@@ -63,10 +103,11 @@ def test_row_split_linear_is_the_product() -> None:
         TensorLayout(f32, [n, k], device),
     ]
     run = compilation.compile(forward)(*types)
-    for m in (1, 5):
+    for m, padded_to in ((1, 1), (5, 64), (64, 64), (65, 128)):
         x, x3, w = torch.randn(m, k), torch.randn(2, m, k), torch.randn(n, k)
         outputs = run(*(Tensor.from_dlpack(t) for t in (x, x3, w)))
-        y, y3, plain = (torch.from_dlpack(o).clone() for o in outputs)
-        torch.testing.assert_close(y, x @ w.T, rtol=1e-5, atol=1e-5)
+        y, y3, plain, padded, seen = (torch.from_dlpack(o).clone() for o in outputs)
+        for got in (y, plain, padded):
+            torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y3, x3 @ w.T, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(plain, x @ w.T, rtol=1e-5, atol=1e-5)
+        assert seen.shape == (m, n) and bool((seen == padded_to).all()), (m, seen[0, 0])

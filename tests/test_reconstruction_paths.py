@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from unittest import mock
 
 import pytest
 import torch
 
+from attnquant import matmul
 from attnquant.config import AttnQuantConfig
 from attnquant.reconstruction_path import (
     MAX_GENERATED_RANK,
@@ -147,8 +149,12 @@ def reference(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor
     return h
 
 
-def build_stack(plan):
-    """Our projection modules in a toy Gemma-shaped decoder (no attention math)."""
+def build_stack(plan, rows_padded: bool = False):
+    """Our projection modules in a toy Gemma-shaped decoder (no attention math).
+
+    ``rows_padded``: trace it with ``attnquant.matmul``'s sm_90 row padding
+    forced on, so that CI runs that GPU-only code on CPU; each padded MAX
+    matmul group is recorded in ``PADDED``."""
     from max.experimental.nn import Module
     from max.experimental.nn.sequential import ModuleList
     from max.experimental.tensor import Tensor
@@ -196,7 +202,10 @@ def build_stack(plan):
             self.model = Decoder()
 
         def forward(self, x):
-            return self.model(x)
+            if not rows_padded:
+                return self.model(x)
+            with mock.patch.object(matmul, "needs_row_padding", lambda *args: PADDED.append(args) or True):
+                return self.model(x)
 
     with shared_blocks():  # one per model: parts alias W0 within it only
         return Stack()
@@ -260,8 +269,11 @@ def test_fold_summary_counts_the_w_eff_max_folds_at_load() -> None:
     assert "folded" not in gemm and figures(gemm, "projection bytes", "MiB") == (dense, theta)
 
 
+PADDED: list[tuple] = []
+
 CASES = {  # together: every path, fused and unfused groups, R = 0 and R > 0, shared and passthrough
     "gemm-G1-R3": dict(gemm=True, blocks=1, rank=3),
+    "gemm-G1-R3-rows-padded": dict(gemm=True, blocks=1, rank=3),  # see build_stack
     "fold-G1-R0-unfused": dict(precompute=True, blocks=1, rank=0, qkv_fuse=False),
     "generated-fused-mlp-G1-R3": dict(gemm=False, blocks=1, rank=3, fused_mlp=True),
     "generated-passthrough": dict(gemm=False, blocks=LAYERS, fused_mlp=False),
@@ -294,7 +306,9 @@ def served() -> dict[str, tuple]:
     class AllCases(Module):
         def __init__(self) -> None:
             super().__init__()
-            self.cases = ModuleList([build_stack(p.plan) for _, _, p in prepared.values()])
+            self.cases = ModuleList(
+                [build_stack(p.plan, rows_padded=case.endswith("rows-padded")) for case, (_, _, p) in prepared.items()]
+            )
 
         def forward(self, x):
             return tuple(stack(x) for stack in self.cases)
@@ -316,6 +330,8 @@ def test_path_matches_precompute_outside(served: dict, case: str) -> None:
     from attnquant.reconstruct import precompute_outside
 
     config, ckpt, prepared, x, y = served[case]
+    if case.endswith("rows-padded"):  # every GEMM part went through the padding, once
+        assert len(PADDED) == sum(len(parts) for parts in prepared.plan.values())
     expected_path = "graph-fold" if config.precompute else ("gemm" if config.gemm else "generated")
     assert f"path={expected_path} (" in prepared.summary
     parts = [p for parts in prepared.plan.values() for p in parts]

@@ -3,7 +3,7 @@
 Whether the split avoids MAX 26.7's uncompilable configuration is a compile
 for sm_90a (bench/sm90_matmul_shapes.py, minutes per shape, recorded in
 docs/throughput.md), and whether padded rows avoid its wrong partial row
-tiles is a run on the H200 (bench/sm90_row_padding_check.py); here: when each
+tiles is a run on the H200 (bench/max_gpu_patterns_check.py); here: when each
 applies, that the split product is the product, and that padding hands the
 kernel the row count it should and gives back the first M rows.
 """

@@ -173,7 +173,8 @@ SETTINGS: tuple[Setting, ...] = (
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
         "0 = generated_linear Mojo op (rank <= 64); auto: generated_linear on NVIDIA GPUs "
         "when theta has a residual of rank <= 64 (on the H200 GEMM's text did not match "
-        "torch's, docs/throughput.md runs 10-11) and on Metal, GEMM otherwise. Logged once "
+        "torch's, through a MAX matmul bug now padded around; GEMM is not re-checked since, "
+        "docs/throughput.md runs 10-12) and on Metal, GEMM otherwise. Logged once "
         "at load with the reason.",
     ),
     Setting(

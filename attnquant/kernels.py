@@ -137,8 +137,7 @@ class NVFP4LinearConfig:
         layout: WeightLayout | None = None,
         gemv_only: bool = False,
     ) -> NVFP4LinearConfig:
-        arch = "" if device.api == "cpu" else str(device.architecture_name)
-        return cls(n, k, act_dtype, str(device.api), arch, max_m, layout, gemv_only)
+        return cls(n, k, act_dtype, str(device.api), matmul.device_arch(device), max_m, layout, gemv_only)
 
     @property
     def cuda_capability(self) -> int:

@@ -36,6 +36,7 @@ import functools
 import logging
 from collections.abc import Callable
 
+from max.driver import Device
 from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.tensor import Tensor
@@ -107,7 +108,7 @@ def on_full_row_tiles(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``fn(x)`` for a row-wise ``fn`` of MAX matmuls, its rows padded where
     :func:`needs_row_padding` says MAX's kernel would write past its output.
     Only rank-2 inputs (our models' ``[tokens, hidden]``) are padded."""
-    arch = "" if x.device.api == "cpu" else str(x.device.architecture_name)
+    arch = device_arch(x.device)
     if x.rank != 2 or not needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0]):
         return fn(x)
     _log_padding(arch)
@@ -155,6 +156,11 @@ def _log_padding(arch: str) -> None:
         "writes a partial %d-row tile past its output; docs/throughput.md, run 12)",
         arch, SM90_ROW_TILE, SM90_ROW_TILE,
     )  # fmt: skip
+
+
+def device_arch(device: Device) -> str:
+    """The device's architecture name (e.g. ``"sm_90a"``); empty for the CPU."""
+    return "" if device.api == "cpu" else str(device.architecture_name)
 
 
 def is_static_dim(dim: object) -> bool:

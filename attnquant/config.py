@@ -159,6 +159,14 @@ SETTINGS: tuple[Setting, ...] = (
         "kernel at every token count (no branch; prefill re-reads the weights every 16 tokens).",
     ),
     Setting(
+        "ATTNQUANT_ROW_PADDING", "row_padding", _parse_auto_or_bool, _constant(None),
+        "auto", f"auto, {_BOOL}",
+        "Pad the token rows of our MAX matmuls to a multiple of 64 (1 row stays 1): "
+        "auto = bf16 on sm_90 GPUs, where MAX 26.7's matmul writes a partial 64-row tile "
+        "past its output and prefills of 2-63 tokens came out wrong (docs/throughput.md, "
+        "run 12); 1 = on every device; 0 = never (a MAX with the fix).",
+    ),
+    Setting(
         "ATTNQUANT_GEMMA4_GRAPH_CAPTURE", "gemma4_graph_capture", _parse_bool, _constant(True),
         "1", _BOOL,
         "Declare device graph capture for our Gemma 4 models (read when the architectures "
@@ -222,6 +230,7 @@ class AttnQuantConfig:
     scale_search: Literal["rtn", "mse"] = "rtn"
     prepare_device: Literal["auto", "cpu", "gpu"] = "auto"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
+    row_padding: bool | None = None
     gemma4_graph_capture: bool = True
     gemm: bool | None = None
     qkv_fuse: bool = True

@@ -20,7 +20,7 @@ import torch
 from max.driver import Device
 from max.dtype import DType
 
-from attnquant import kernels, prepare_device
+from attnquant import kernels, matmul, prepare_device
 from attnquant.cache import CacheKey, QuantizedWeightCache
 from attnquant.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
@@ -103,6 +103,7 @@ def prepare_weights(
     when not known. Only used to warn about a slow combination.
     """
     choice = check_config(config, num_layers, str(device.api))
+    matmul.set_row_padding(config.row_padding)  # read when MAX traces the graph
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     start = time.monotonic()
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:

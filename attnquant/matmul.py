@@ -28,6 +28,8 @@ whatever MAX placed there). MAX's own Gemma 3 departs from transformers at
 multiple of 64 on sm_90 (zero rows inside a buffer of our own, sliced off
 after); with it our model's logits are transformers' (bf16 rounding) at
 1, 3 and 12 tokens. modular/modular#6883 reports the same symptom on the H100.
+``ATTNQUANT_ROW_PADDING`` turns the padding off (a MAX with the fix) or on for
+every device; :func:`set_row_padding` applies it to the graphs built after a load.
 """
 
 from __future__ import annotations
@@ -73,12 +75,30 @@ SM90_ROW_TILE = 64
 the end of its output."""
 
 
-def needs_row_padding(dtype: DType, device_api: str, device_arch: str, m: object) -> bool:
-    """Whether a bf16 ``[M, K]`` input on this device could reach MAX 26.7's
-    partial-row-tile bug: bf16 on an sm_90 GPU (the only one it was seen on),
-    M symbolic or a static M other than 1 that is not a multiple of
-    :data:`SM90_ROW_TILE`."""
-    if device_api != "cuda" or not device_arch.startswith("sm_90") or dtype != DType.bfloat16:
+_row_padding: bool | None = None
+"""ATTNQUANT_ROW_PADDING of the last load (None: auto). Module state because
+MAX traces the projections' forward long after the load that knows the
+setting; a server process loads one configuration."""
+
+
+def set_row_padding(mode: bool | None) -> None:
+    """Applies ATTNQUANT_ROW_PADDING (None: auto, True: every device, False:
+    never) to the graphs built from now on."""
+    global _row_padding
+    _row_padding = mode
+
+
+def needs_row_padding(dtype: DType, device_api: str, device_arch: str, m: object, mode: bool | None = None) -> bool:
+    """Whether to pad a ``[M, K]`` input's rows.
+
+    ``mode`` None (auto): where MAX 26.7's partial-row-tile bug can strike:
+    bf16 on an sm_90 GPU (the only one it was seen on), with M symbolic or a
+    static M other than 1 that is not a multiple of :data:`SM90_ROW_TILE`.
+    True: any such M on any device and dtype; False: never."""
+    if mode is False:
+        return False
+    sm90_bf16 = device_api == "cuda" and device_arch.startswith("sm_90") and dtype == DType.bfloat16
+    if mode is None and not sm90_bf16:
         return False
     return not is_static_dim(m) or (int(m) > 1 and int(m) % SM90_ROW_TILE != 0)
 
@@ -109,9 +129,13 @@ def on_full_row_tiles(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     :func:`needs_row_padding` says MAX's kernel would write past its output.
     Only rank-2 inputs (our models' ``[tokens, hidden]``) are padded."""
     arch = device_arch(x.device)
-    if x.rank != 2 or not needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0]):
+    if x.rank != 2:
         return fn(x)
-    _log_padding(arch)
+    if not needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0], _row_padding):
+        if _row_padding is False and needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0]):
+            _warn_unpadded(arch)
+        return fn(x)
+    _log_padding(arch or str(x.device.api), _row_padding)
     return with_padded_rows(fn, x)
 
 
@@ -150,11 +174,22 @@ def _log_split(n: int, k: int) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _log_padding(arch: str) -> None:
-    logger.info(
-        "bf16 matmuls on %s: token rows padded to a multiple of %d (MAX 26.7's sm_90 matmul "
-        "writes a partial %d-row tile past its output; docs/throughput.md, run 12)",
-        arch, SM90_ROW_TILE, SM90_ROW_TILE,
+def _log_padding(where: str, mode: bool | None) -> None:
+    why = (
+        "ATTNQUANT_ROW_PADDING=1" if mode else
+        f"MAX 26.7's sm_90 matmul writes a partial {SM90_ROW_TILE}-row tile past its output; "
+        "docs/throughput.md, run 12"
+    )  # fmt: skip
+    logger.info("matmuls on %s: token rows padded to a multiple of %d (%s)", where, SM90_ROW_TILE, why)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_unpadded(arch: str) -> None:
+    logger.warning(
+        "ATTNQUANT_ROW_PADDING=0 on %s: bf16 matmuls run unpadded; MAX 26.7's sm_90 matmul "
+        "then gives wrong outputs after prefills of 2-63 tokens (docs/throughput.md, run 12). "
+        "Unset it unless your MAX has the fix.",
+        arch,
     )  # fmt: skip
 
 

@@ -17,7 +17,8 @@
 # (10; empty: MAX's default), G4_MM_PERCENT (empty;
 # the Gemma 4 cells set their own), G4_CELLS, G4_FALLBACK_CELLS, G4_LAYERS (30),
 # G4_FRACTION (0.9), G4_FALLBACK_FRACTION (0.42), SESSIONS (2), TRIALS (3 per
-# session), KERNEL_BENCH (0), WAIT_S (540).
+# session), KERNEL_BENCH (0), WAIT_S (540), REFERENCE_CELLS (torch's greedy
+# texts, G:R: "13:4 13:32 1:4 1:32").
 set -uo pipefail
 WORK="${WORK:-/tmp/h200-session}"
 DRAFT_ARGS=""  # set by run_gemma4 when a cell drafts with the assistant (MTP)
@@ -89,7 +90,7 @@ run() {
   if [ -n "$INGRAPH_CELLS" ]; then  # torch's greedy text per in-graph path, while the servers
     # compile; it holds the timing lock, so no trial starts beside it (capped: a late one is skipped)
     ( OMP_NUM_THREADS=4 flock "$LOCK" timeout "${REFERENCE_S:-420}" python3 "$HERE/ingraph_greedy_reference.py" \
-        "$WORK/g3-model" --device cuda:0 --cells 13:4 13:32 1:4 1:32 > "$WORK/greedy-reference.txt" 2>&1 ) &
+        "$WORK/g3-model" --device cuda:0 --cells ${REFERENCE_CELLS:-13:4 13:32 1:4 1:32} > "$WORK/greedy-reference.txt" 2>&1 ) &
     sleep 2  # it takes the lock before the first server is up
   fi
   # shellcheck disable=SC2086

@@ -36,6 +36,7 @@ def test_every_variable_is_read() -> None:
         "ATTNQUANT_QUANT_IGNORE": "mlp, self_attn.o_proj,,mlp",
         "ATTNQUANT_SCALE_SEARCH": "mse",
         "ATTNQUANT_GEMM": "1",
+        "ATTNQUANT_ROW_PADDING": "0",
         "ATTNQUANT_QKV_FUSE": "false",
         "ATTNQUANT_FUSED_MLP": "0",
         "ATTNQUANT_CACHE": "no",
@@ -44,7 +45,7 @@ def test_every_variable_is_read() -> None:
     }
     assert AttnQuantConfig.from_env(env) == AttnQuantConfig(
         blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
-        quant_ignore=("mlp", "self_attn.o_proj"), scale_search="mse", gemm=True, qkv_fuse=False,
+        quant_ignore=("mlp", "self_attn.o_proj"), scale_search="mse", gemm=True, row_padding=False, qkv_fuse=False,
         fused_mlp=False, cache=False, cache_dir=Path("/tmp/aq"), log_level="DEBUG",
     )  # fmt: skip
     assert AttnQuantConfig.from_env({"ATTNQUANT_GEMM": "auto", "ATTNQUANT_BLOCKS": ""}).gemm is None
@@ -60,6 +61,7 @@ def test_every_variable_is_read() -> None:
         ("ATTNQUANT_QUANT", "fp8", "none, nvfp4"),
         ("ATTNQUANT_SCALE_SEARCH", "gptq", "rtn, mse"),
         ("ATTNQUANT_GEMM", "maybe", "auto, 1/0"),
+        ("ATTNQUANT_ROW_PADDING", "64", "auto, 1/0"),
         ("ATTNQUANT_CACHE", "2", "1/0, true/false, yes/no, on/off"),
         ("ATTNQUANT_QUANT_IGNORE", "mlp,.o_proj", "dotted module-name fragments"),
         ("ATTNQUANT_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),

@@ -59,6 +59,21 @@ def test_needs_row_padding(dtype: DType, api: str, arch: str, m: object, expecte
     assert matmul.needs_row_padding(dtype, api, arch, m) is expected
 
 
+@pytest.mark.parametrize(
+    ("api", "arch", "m", "mode", "expected"),
+    [
+        ("cuda", "sm_90a", "m", False, False),  # ATTNQUANT_ROW_PADDING=0: never
+        ("cuda", "sm_90a", 3, False, False),
+        ("cpu", "", "m", True, True),  # =1: any device, any dtype
+        ("cuda", "sm_100a", 3, True, True),
+        ("cpu", "", 1, True, False),  # ... but never the GEMV's single row
+        ("cpu", "", 128, True, False),  # ... nor full tiles
+    ],
+)
+def test_row_padding_setting_overrides_the_device(api: str, arch: str, m: object, mode: bool, expected: bool) -> None:
+    assert matmul.needs_row_padding(DType.float32, api, arch, m, mode) is expected
+
+
 def test_padded_row_count_fills_the_last_tile_and_keeps_one_row() -> None:
     from max.graph import Dim
 
@@ -92,9 +107,14 @@ def test_row_split_and_padded_rows_give_the_product() -> None:
 
     def forward(x, x3, w):
         padded = matmul.with_padded_rows(functools.partial(matmul.linear_as_given, weight=w), x)
+        try:  # ATTNQUANT_ROW_PADDING as a load sets it: read while the graph is traced
+            matmul.set_row_padding(True)
+            forced = matmul.linear(x, w), matmul.on_full_row_tiles(rows_seen, x)
+        finally:
+            matmul.set_row_padding(None)
         return (
             matmul.row_split_linear(x, w), matmul.row_split_linear(x3, w), matmul.linear(x, w),
-            padded, matmul.with_padded_rows(rows_seen, x),
+            padded, matmul.with_padded_rows(rows_seen, x), *forced, matmul.on_full_row_tiles(rows_seen, x),
         )  # fmt: skip
 
     types = [
@@ -106,8 +126,9 @@ def test_row_split_and_padded_rows_give_the_product() -> None:
     for m, padded_to in ((1, 1), (5, 64), (64, 64), (65, 128)):
         x, x3, w = torch.randn(m, k), torch.randn(2, m, k), torch.randn(n, k)
         outputs = run(*(Tensor.from_dlpack(t) for t in (x, x3, w)))
-        y, y3, plain, padded, seen = (torch.from_dlpack(o).clone() for o in outputs)
-        for got in (y, plain, padded):
+        y, y3, plain, padded, seen, forced, forced_seen, auto_seen = (torch.from_dlpack(o).clone() for o in outputs)
+        for got in (y, plain, padded, forced):
             torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y3, x3 @ w.T, rtol=1e-5, atol=1e-5)
-        assert seen.shape == (m, n) and bool((seen == padded_to).all()), (m, seen[0, 0])
+        for rows, expected in ((seen, padded_to), (forced_seen, padded_to), (auto_seen, m)):  # auto: not on CPU
+            assert rows.shape == (m, n) and bool((rows == expected).all()), (m, rows[0, 0], expected)

@@ -237,6 +237,25 @@ def test_matmul_paths_pad_the_residual_width(gemm: bool) -> None:
             assert u[:, :exact].any() and not u[:, exact:].any() and not v[:, exact:].any()
 
 
+@pytest.mark.parametrize("mode", [True, False, None])
+def test_a_load_applies_row_padding_to_the_graphs_built_after_it(mode: bool | None) -> None:
+    """ATTNQUANT_ROW_PADDING reaches attnquant.matmul, which MAX's tracing
+    reads after the load returns (test_matmul checks what each value does)."""
+    from max.driver import CPU
+    from max.dtype import DType
+
+    from attnquant import loading
+
+    config = dataclasses.replace(BASE, gemm=True, blocks=1, rank=3, row_padding=mode)
+    try:
+        loading.prepare_weights(
+            checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
+        )
+        assert matmul._row_padding is mode
+    finally:
+        matmul.set_row_padding(None)
+
+
 def test_fold_summary_counts_the_w_eff_max_folds_at_load() -> None:
     """MAX evaluates the fold's weight-only expression once at load and keeps
     its result (bench/graph_fold_cpu.py): the load line says the fold holds

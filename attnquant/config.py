@@ -179,11 +179,10 @@ SETTINGS: tuple[Setting, ...] = (
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
-        "0 = generated_linear Mojo op (rank <= 64); auto: generated_linear on NVIDIA GPUs "
-        "when theta has a residual of rank <= 64 (on the H200 GEMM's text did not match "
-        "torch's, through a MAX matmul bug now padded around; GEMM is not re-checked since, "
-        "docs/throughput.md runs 10-12) and on Metal, GEMM otherwise. Logged once "
-        "at load with the reason.",
+        "0 = generated_linear Mojo op (rank <= 64); auto: generated_linear on Metal, "
+        "GEMM otherwise (on the H200 GEMM matched torch's greedy text and took 0.78x "
+        "generated_linear's time per token, docs/throughput.md runs 10 and 13). Logged "
+        "once at load with the reason.",
     ),
     Setting(
         "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),

@@ -33,7 +33,6 @@ from attnquant.reconstruction_path import (
     PathChoice,
     ReconstructionPath,
     choose_path,
-    residual_caution,
 )
 from attnquant.runtime_layout import ProjectionPlan, part_name, to_runtime_layout
 from attnquant.theta import band_size, build_theta
@@ -125,9 +124,6 @@ def prepare_weights(
         tensors, served, plan, config, num_layers, hit, time.monotonic() - start, choice
     )
     logger.info(summary)
-    caution = residual_caution(choice, str(device.api), residual=has_residual(config, num_layers))
-    if caution:
-        logger.warning(caution)
     if config.quant == "nvfp4":
         advice = kernels.capture_off_advice(config.nvfp4_dispatch, str(device.api), graph_capture)
         if advice:

@@ -28,6 +28,10 @@ whatever MAX placed there). MAX's own Gemma 3 departs from transformers at
 multiple of 64 on sm_90 (zero rows inside a buffer of our own, sliced off
 after); with it our model's logits are transformers' (bf16 rounding) at
 1, 3 and 12 tokens. modular/modular#6883 reports the same symptom on the H100.
+With the padding GEMM's greedy text is torch's too (run 13). It costs 0.27 to
+0.35 ms per token at batch 1 on the 1B geometry (+12-15 %, against the
+unpadded graph in one session), though one row is not padded: the added
+concatenation and slice per group are the likely cost.
 ``ATTNQUANT_ROW_PADDING`` turns the padding off (a MAX with the fix) or on for
 every device; :func:`set_row_padding` applies it to the graphs built after a load.
 """
@@ -167,7 +171,7 @@ def row_split_linear(x: Tensor, weight: Tensor) -> Tensor:
 @functools.lru_cache(maxsize=None)
 def _log_split(n: int, k: int) -> None:
     logger.info(
-        "bf16 matmul [%d, %d] on NVIDIA: two halves of %d rows (MAX 26.7's SM90 split-K "
+        "attnquant: bf16 matmul [%d, %d] on NVIDIA: two halves of %d rows (MAX 26.7's SM90 split-K "
         "configuration for this shape does not compile with a symbolic token count)",
         n, k, n // 2,
     )  # fmt: skip
@@ -180,13 +184,13 @@ def _log_padding(where: str, mode: bool | None) -> None:
         f"MAX 26.7's sm_90 matmul writes a partial {SM90_ROW_TILE}-row tile past its output; "
         "docs/throughput.md, run 12"
     )  # fmt: skip
-    logger.info("matmuls on %s: token rows padded to a multiple of %d (%s)", where, SM90_ROW_TILE, why)
+    logger.info("attnquant: matmuls on %s: token rows padded to a multiple of %d (%s)", where, SM90_ROW_TILE, why)
 
 
 @functools.lru_cache(maxsize=None)
 def _warn_unpadded(arch: str) -> None:
     logger.warning(
-        "ATTNQUANT_ROW_PADDING=0 on %s: bf16 matmuls run unpadded; MAX 26.7's sm_90 matmul "
+        "attnquant: ATTNQUANT_ROW_PADDING=0 on %s: bf16 matmuls run unpadded; MAX 26.7's sm_90 matmul "
         "then gives wrong outputs after prefills of 2-63 tokens (docs/throughput.md, run 12). "
         "Unset it unless your MAX has the fix.",
         arch,

@@ -76,10 +76,11 @@ def choose_path(config: AttnQuantConfig, device_api: str, *, residual: bool) -> 
         return PathChoice(ReconstructionPath.GRAPH_FOLD, "ATTNQUANT_PRECOMPUTE=1")
     if config.gemm is not None:
         choice = PathChoice(ReconstructionPath.GEMM if config.gemm else ReconstructionPath.GENERATED, f"ATTNQUANT_GEMM={int(config.gemm)}")
-    elif device_api == "cuda":
-        choice = _auto_on_cuda(config, residual)
-    elif device_api == "hip":
-        choice = PathChoice(ReconstructionPath.GEMM, "auto: hip GPU, MAX's tensor-core matmuls")
+    elif device_api in ("cuda", "hip"):
+        # On the H200, GEMM (its rows padded, attnquant.matmul) matched torch's
+        # greedy text and took 2.57 ms per token at G=13, R=4, where
+        # generated_linear took 3.29 (docs/throughput.md, runs 13 and 10).
+        choice = PathChoice(ReconstructionPath.GEMM, f"auto: {device_api} GPU, MAX's tensor-core matmuls")
     elif device_api == "metal":
         choice = PathChoice(ReconstructionPath.GENERATED, "auto: Metal, per-element rebuild beats matmuls at low rank")
     else:
@@ -93,41 +94,3 @@ def choose_path(config: AttnQuantConfig, device_api: str, *, residual: bool) -> 
             f"ATTNQUANT_RANK<={MAX_GENERATED_RANK}"
         )
     return choice
-
-
-def _auto_on_cuda(config: AttnQuantConfig, residual: bool) -> PathChoice:
-    """generated_linear wherever there is a residual it can serve; GEMM otherwise.
-
-    On the H200 (runs 10-12, docs/throughput.md) every path built on MAX's
-    matmuls (dense W_eff, GEMM, the fold, and MAX's own Gemma 3) departed from
-    transformers on prompts of more than one token, while generated_linear
-    (our kernel) matched it. Run 12 found why: MAX 26.7's sm_90 bf16 matmul
-    writes a partial 64-row tile past its output. ``attnquant.matmul`` now
-    pads the rows, and dense W_eff then matches transformers. GEMM pads too,
-    but has not been re-checked on the H200 since: until it is, this keeps the
-    path that matched. Speed alone would pick GEMM (dense W_eff's decode
-    speed against generated_linear's 1.25-1.34x time per token)."""
-    if not residual:
-        return PathChoice(ReconstructionPath.GEMM, "auto: cuda GPU, no residual: MAX's tensor-core matmuls")
-    if config.rank > MAX_GENERATED_RANK:
-        limit = f"rank {config.rank} is above generated_linear's {MAX_GENERATED_RANK}"
-        return PathChoice(ReconstructionPath.GEMM, f"auto: cuda GPU, {limit}")
-    return PathChoice(
-        ReconstructionPath.GENERATED,
-        "auto: cuda GPU with a residual: on the H200 generated_linear matched torch; GEMM, row-padded "
-        "since run 12, is not yet re-checked there",
-    )
-
-
-def residual_caution(choice: PathChoice, device_api: str, *, residual: bool) -> str | None:
-    """A warning for a GEMM or fold load with a residual on an NVIDIA GPU, or None."""
-    unmatched = (ReconstructionPath.GEMM, ReconstructionPath.GRAPH_FOLD)
-    if device_api != "cuda" or not residual or choice.path not in unmatched:
-        return None
-    return (
-        f"attnquant: path={choice.path.value} with a low-rank residual on an NVIDIA GPU: on the H200 this "
-        "path's greedy text differed from torch's while generated_linear's matched (docs/throughput.md, "
-        "runs 10-12: MAX 26.7's sm_90 matmul wrote past its outputs; attnquant now pads their rows, "
-        "and this path has not been re-checked on the H200 since). "
-        "ATTNQUANT_GEMM=0 serves the same theta with generated_linear (rank <= 64)."
-    )

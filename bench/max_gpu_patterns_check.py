@@ -165,7 +165,7 @@ def main() -> None:
     if args.unpadded:
         from attnquant import matmul
 
-        matmul.needs_row_padding = lambda *_: False  # diagnostic only: MAX's matmul as MAX runs it
+        matmul.set_row_padding(False)  # ATTNQUANT_ROW_PADDING=0: MAX's matmul as MAX runs it
 
     where = target(args.device == "gpu")
     with building(where):

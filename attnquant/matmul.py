@@ -132,14 +132,14 @@ def on_full_row_tiles(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     """``fn(x)`` for a row-wise ``fn`` of MAX matmuls, its rows padded where
     :func:`needs_row_padding` says MAX's kernel would write past its output.
     Only rank-2 inputs (our models' ``[tokens, hidden]``) are padded."""
-    arch = device_arch(x.device)
     if x.rank != 2:
         return fn(x)
-    if not needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0], _row_padding):
-        if _row_padding is False and needs_row_padding(x.dtype, str(x.device.api), arch, x.shape[0]):
+    api, arch, m = str(x.device.api), device_arch(x.device), x.shape[0]
+    if not needs_row_padding(x.dtype, api, arch, m, _row_padding):
+        if needs_row_padding(x.dtype, api, arch, m):  # auto would pad: turned off by the setting
             _warn_unpadded(arch)
         return fn(x)
-    _log_padding(arch or str(x.device.api), _row_padding)
+    _log_padding(arch or api, _row_padding)
     return with_padded_rows(fn, x)
 
 

@@ -1,8 +1,12 @@
 """attnquant: Gemma 3 / Gemma 4 on Modular MAX with NVFP4 linear projections.
 
 ``max serve --custom-architectures attnquant`` imports this package and reads
-``ARCHITECTURES``; it is resolved lazily so that the load-time library
-(``attnquant.nvfp4``, ``theta``, ...) imports without building MAX modules.
+``ARCHITECTURES``. That attribute (and ``SERVED_CHECKPOINTS``, the checkpoint
+architecture names they serve) is the one place the core reaches up to the
+architectures in ``models/`` (docs/dev/architecture.md); it is resolved
+lazily, so ``import attnquant.formats`` and the other layers never build MAX
+modules. It is also where a bad ``ATTNQUANT_*`` setting stops plain
+``max serve``: one line and exit status 1, before anything compiles.
 """
 
 from typing import Any
@@ -11,9 +15,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ARCHITECTURES":
-        from models.gemma3 import ARCHITECTURES as gemma3
-        from models.gemma4 import ARCHITECTURES as gemma4
+    if name in ("ARCHITECTURES", "SERVED_CHECKPOINTS"):
+        from attnquant.config import AttnQuantConfig
 
-        return [*gemma3, *gemma4]
+        try:
+            AttnQuantConfig.from_env()
+        except ValueError as error:
+            # MAX reads this attribute outside its import error handling; a
+            # SystemExit passes through it as one line and a non-zero status.
+            raise SystemExit(f"attnquant: error: {error}") from None
+        import models
+
+        return getattr(models, name)
     raise AttributeError(f"module 'attnquant' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m attnquant``: the same as the ``attnquant`` command."""
 
-from attnquant.cli import main
+from attnquant.tools.cli import main
 
 raise SystemExit(main())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -137,6 +138,14 @@ SETTINGS: tuple[Setting, ...] = (
         changes_weights=True,
     ),
     Setting(
+        "ATTNQUANT_LM_HEAD", "lm_head", _parse_choice("bf16", "nvfp4"), _constant("bf16"),
+        "bf16", "bf16, nvfp4",
+        "The output head (the tied embedding, or the checkpoint's own lm_head): bf16 = "
+        "the model dtype; nvfp4 = a packed NVFP4 copy read by the NVFP4 kernels (the "
+        "embedding stays for the token lookup), cached like the projections.",
+        changes_weights=True,
+    ),
+    Setting(
         "ATTNQUANT_SCALE_SEARCH", "scale_search", _parse_choice("rtn", "mse"), _constant("rtn"),
         "rtn", "rtn, mse",
         "NVFP4 block scales: rtn is MAX's reference rounding; mse tries neighbouring "
@@ -148,8 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
         _constant("auto"), "auto", "auto, cpu, gpu",
         "Where load-time W_eff and NVFP4 quantization run: auto = the serving GPU when "
         "torch can use it (a CUDA or ROCm build), else the CPU; gpu = that GPU or an "
-        "error. Same weights either way (RTN); torch quantized at ~45 GB/s on an H200, "
-        "the host well under 1 GB/s (docs/metrics.md).",
+        "error. Same weights either way; torch quantized at ~45 GB/s on an H200, "
+        "the host well under 1 GB/s (docs/performance.md).",
     ),
     Setting(
         "ATTNQUANT_NVFP4_DISPATCH", "nvfp4_dispatch", _parse_choice("auto", "gemv"), _constant("auto"),
@@ -163,26 +172,16 @@ SETTINGS: tuple[Setting, ...] = (
         "auto", f"auto, {_BOOL}",
         "Pad the token rows of our MAX matmuls to a multiple of 64 (1 row stays 1): "
         "auto = bf16 on sm_90 GPUs, where MAX 26.7's matmul writes a partial 64-row tile "
-        "past its output and prefills of 2-63 tokens came out wrong (docs/throughput.md, "
-        "run 12); 1 = on every device; 0 = never (a MAX with the fix).",
-    ),
-    Setting(
-        "ATTNQUANT_GEMMA4_GRAPH_CAPTURE", "gemma4_graph_capture", _parse_bool, _constant(True),
-        "1", _BOOL,
-        "Declare device graph capture for our Gemma 4 models (read when the architectures "
-        "register); MAX then captures decode steps by default on CUDA "
-        "(--no-device-graph-capture turns it off). On the H200 at 31B geometry capture "
-        "left the greedy text unchanged and made NVFP4 decode 1.44x faster "
-        "(docs/throughput.md, run 7). 0: not declared, as MAX's own ModuleV3 Gemma 4.",
+        "past its output (modular/modular#6883); 1 = on every device; 0 = never (a MAX "
+        "with the fix). With captured decode steps one row skips the padding entirely.",
     ),
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "In-graph reconstruction path: 1 = GEMM formulation (stock MAX matmuls), "
         "0 = generated_linear Mojo op (rank <= 64); auto: generated_linear on Metal, "
-        "GEMM otherwise (on the H200 GEMM matched torch's greedy text and took 0.78x "
-        "generated_linear's time per token, docs/throughput.md runs 10 and 13). Logged "
-        "once at load with the reason.",
+        "GEMM otherwise (faster on the H200, docs/performance.md). Logged once at load "
+        "with the reason.",
     ),
     Setting(
         "ATTNQUANT_QKV_FUSE", "qkv_fuse", _parse_bool, _constant(True),
@@ -211,7 +210,27 @@ SETTINGS: tuple[Setting, ...] = (
         "INFO", "DEBUG, INFO, WARNING, ERROR",
         "Level of attnquant's log lines.",
     ),
+    Setting(
+        "ATTNQUANT_DEMO_MODEL_DIR", "demo_model_dir", lambda raw: Path(raw.strip()).expanduser(),
+        _constant(None), "${XDG_CACHE_HOME:-~/.cache}/attnquant/models/gemma3-270m",
+        "a writable directory path",
+        "Where the embedded Gemma 3 270M is built (attnquant demo-model, run_max.py's default model).",
+    ),
+    Setting(
+        "ATTNQUANT_IGNORE_UNKNOWN", "ignore_unknown", _parse_bool, _constant(False),
+        "0", _BOOL,
+        "1: an ATTNQUANT_* name that is not a setting is a warning, not an error (for "
+        "environments shared by several attnquant versions).",
+    ),
 )  # fmt: skip
+
+REMOVED: dict[str, str] = {
+    "ATTNQUANT_GEMMA4_GRAPH_CAPTURE": (
+        "was removed: attnquant's Gemma 4 always declares device graph capture; pass "
+        "--no-device-graph-capture to MAX to turn capture off"
+    ),
+}
+"""Settings that no longer exist, with what to do instead."""
 
 _SETTING_BY_ENV = {setting.env: setting for setting in SETTINGS}
 
@@ -226,17 +245,19 @@ class AttnQuantConfig:
     precompute: bool = False
     quant: Literal["none", "nvfp4"] = "none"
     quant_ignore: tuple[str, ...] = ()
+    lm_head: Literal["bf16", "nvfp4"] = "bf16"
     scale_search: Literal["rtn", "mse"] = "rtn"
     prepare_device: Literal["auto", "cpu", "gpu"] = "auto"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
     row_padding: bool | None = None
-    gemma4_graph_capture: bool = True
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))
     log_level: str = "INFO"
+    demo_model_dir: Path | None = None
+    ignore_unknown: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> AttnQuantConfig:
@@ -244,13 +265,10 @@ class AttnQuantConfig:
 
         Raises:
             ValueError: one error listing every invalid variable, its value
-                and what it allows.
-
-        Warns:
-            UserWarning: for an ATTNQUANT_* name that is not a setting, with
-                the closest valid name.
+                and what it allows, and every ATTNQUANT_* name that is not a
+                setting with the closest valid name (a warning instead with
+                ATTNQUANT_IGNORE_UNKNOWN=1).
         """
-        _warn_unknown_names(env)
         values: dict[str, Any] = {}
         problems: list[str] = []
         for setting in SETTINGS:
@@ -262,8 +280,14 @@ class AttnQuantConfig:
                 values[setting.field] = setting.parse(raw)
             except ValueError:
                 problems.append(f"{setting.env}={raw!r} is invalid; allowed: {setting.allowed}")
+        unknown = _unknown_names(env)
+        if unknown and values.get("ignore_unknown"):
+            for problem in unknown:
+                warnings.warn(f"attnquant: {problem} (ignored: ATTNQUANT_IGNORE_UNKNOWN=1)", UserWarning, stacklevel=2)
+        else:
+            problems += unknown
         if problems:
-            raise ValueError("invalid attnquant configuration:\n  " + "\n  ".join(problems))
+            raise ValueError("invalid attnquant configuration: " + "; ".join(problems))
         return cls(**values)
 
     def weight_fingerprint(self) -> dict[str, Any]:
@@ -274,23 +298,35 @@ class AttnQuantConfig:
             if setting.changes_weights
         }
 
-    def describe(self) -> str:
-        """One line for logs, e.g. ``attnquant: blocks=layers rank=16 ...``."""
-        parts = [
+    def describe(self, *, weights_only: bool = False) -> str:
+        """The settings for logs, e.g. ``blocks=layers rank=16 ...`` (only
+        those that change the served weights with ``weights_only``)."""
+        return " ".join(
             f"{setting.field}={_display(setting, getattr(self, setting.field))}"
             for setting in SETTINGS
-        ]
-        return "attnquant: " + " ".join(parts)
+            if setting.changes_weights or not weights_only
+        )
+
+    def apply_log_level(self) -> None:
+        """Sets attnquant's loggers (children of MAX's) to ``log_level``."""
+        logging.getLogger(LOGGER_NAME).setLevel(self.log_level)
 
 
-def _warn_unknown_names(env: Mapping[str, str]) -> None:
-    for name in env:
-        if name.startswith(ENV_PREFIX) and name not in _SETTING_BY_ENV:
-            close = difflib.get_close_matches(name, _SETTING_BY_ENV, n=1, cutoff=0.0)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            warnings.warn(
-                f"unknown attnquant variable {name} is ignored{hint}", UserWarning, stacklevel=3
-            )
+LOGGER_NAME = "max.pipelines.attnquant"
+"""attnquant's logger: a child of MAX's, so its lines show in ``max serve`` output."""
+
+
+def _unknown_names(env: Mapping[str, str]) -> list[str]:
+    problems = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in _SETTING_BY_ENV:
+            continue
+        if name in REMOVED:
+            problems.append(f"{name} {REMOVED[name]}")
+            continue
+        close = difflib.get_close_matches(name, _SETTING_BY_ENV, n=1, cutoff=0.0)
+        problems.append(f"{name} is not an attnquant setting" + (f"; did you mean {close[0]}?" if close else ""))
+    return problems
 
 
 def _json_value(value: Any) -> Any:

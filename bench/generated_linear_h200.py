@@ -4,7 +4,7 @@ A generated projection is W = s[:, None] * W0 + u @ v.T (W0 [N, K] bf16;
 s [N], u [N, r], v [K, r] float32). One call does everything:
 
 1. correctness through MAX on the GPU, through the public wrappers
-   (``attnquant.generated_ops.generated_linear`` / ``generated_mlp``) in one
+   (``attnquant.graph.generated.generated_linear`` / ``generated_mlp``) in one
    graph with symbolic shapes: the Gemma 3 1B projection shapes for M in
    {1, 4, 16, 17, 33} and r in {0, 4, 32, 64}, and the fused MLP at Gemma 3
    1B's MLP shape, each against a torch float32 reference on fresh random
@@ -160,8 +160,8 @@ def build_check_graph(dv: Dev):
 
     from max.dtype import DType
 
-    from attnquant import generated_ops as G
-    from attnquant import kernels as K
+    from attnquant.graph import generated as G
+    from attnquant.graph import nvfp4 as K
 
     f32, dt, d = DType.float32, dv.dtype, dv.dev
 
@@ -291,7 +291,7 @@ def build_graph(dv: Dev, kind: str, r_sets: int):
     from max.dtype import DType
     from max.graph import Graph, TensorType, ops
 
-    from attnquant import kernels as K
+    from attnquant.graph import nvfp4 as K
 
     dev, dt, f32 = dv.ref, dv.dtype, DType.float32
     x_t = TensorType(dt, ["m", "k"], dev)

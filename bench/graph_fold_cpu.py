@@ -7,7 +7,7 @@ Compiles three graphs computing ``y = x W_eff^T`` for one [N, K] projection
 
 - ``dense``: W_eff as a weight (what precompute-outside serves);
 - ``graph-fold``: W0, s, U, V as weights and ``W = s*W0 + U V^T`` in the graph
-  (``attnquant.theta_linear.FoldThetaProjection``'s expression);
+  (``attnquant.graph.theta.FoldThetaProjection``'s expression);
 - ``fold-from-inputs``: the same expression with W0, s, U, V passed as graph
   inputs, which no compiler can fold ahead of the call: the per-step cost of
   folding.

@@ -38,7 +38,7 @@ attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 # Capture-on servers each back their whole arena (~13 GB at MM_PERCENT=10):
 # with the two e2e ones, six in-graph cells fill the card.
 # Run 3 measured generated_linear at G=13 R=4; GEMM and fold at R=4 needed the
-# rank padding (attnquant.matmul.MIN_INNER_MULTIPLE).
+# rank padding (attnquant.graph.matmul.MIN_INNER_MULTIPLE).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
 GEMM="$IG+ATTNQUANT_GEMM=1" GENERATED="$IG+ATTNQUANT_GEMM=0" FOLD="$IG+ATTNQUANT_PRECOMPUTE=1"
 # Issue #7's grid: each path at G in {1, 13, 26} x R in {4, 32} (G = 26 is

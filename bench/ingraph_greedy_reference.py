@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnquant.checkpoint import load_state_dict  # noqa: E402
+from attnquant.load.checkpoint import load_state_dict  # noqa: E402
 from attnquant.config import AttnQuantConfig  # noqa: E402
-from attnquant.projections import ProjectionKey, find_projections  # noqa: E402
-from attnquant.reconstruct import precompute_outside  # noqa: E402
-from attnquant.theta import ThetaBundle, build_theta  # noqa: E402
+from attnquant.formats.names import ProjectionKey, find_projections  # noqa: E402
+from attnquant.load.precompute import precompute_outside  # noqa: E402
+from attnquant.formats.theta import ThetaBundle, build_theta  # noqa: E402
 
 PATHS = ("precompute-outside", "graph-fold", "gemm", "generated")
 

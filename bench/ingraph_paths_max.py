@@ -20,7 +20,7 @@ and the next token's margin (top-1 minus top-2). Sources:
   e.g. ``26:0``); it is built first, before ours is registered, and only
   with ``--gpu`` (on CPU MAX 26.7 refuses it float32);
 - ``torch-float32`` / ``torch-bfloat16``: transformers on the same device
-  with precompute-outside's W_eff (``attnquant.verify.transformers_source``).
+  with precompute-outside's W_eff (``attnquant.tools.verify.transformers_source``).
   torch-float32 is the baseline when present; torch-bfloat16's distance
   from it is what bf16 rounding alone costs this model.
 
@@ -29,7 +29,7 @@ other greedy texts than torch's bf16 emulation of every path; run 11 found
 precompute-outside's logits 5.2 away from ``generated``'s there; run 12
 found MAX's own Gemma 3 as far from torch-float32 as precompute-outside
 (4.8 at 3 and 12 tokens, 7.4e-2 at 1), ``generated`` within bf16 rounding,
-and precompute-outside within it too once ``attnquant.matmul`` padded its
+and precompute-outside within it too once ``attnquant.graph.matmul`` padded its
 rows (``bench/results/2026-12-02-h200-run12.txt``). On CPU,
 agreement says the paths' graphs are right at this geometry; on the GPU, a source much
 further from torch-float32 than torch-bfloat16 is says the device computes
@@ -51,7 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnquant.verify import MaxSource, transformers_source  # noqa: E402
+from attnquant.tools.verify import MaxSource, transformers_source  # noqa: E402
 
 PATHS = {
     "precompute-outside": {"ATTNQUANT_PRECOMPUTE_OUTSIDE": "1"},

@@ -7,10 +7,10 @@ giving other greedy texts on the H200 than torch's bf16 emulation of every
 path, while ``generated_linear`` (our own kernel, no small matmul) gave
 torch's. What GEMM and fold share, and the generated op does not, are MAX
 matmuls whose inner width is the padded rank: ``(x V) U^T`` and ``U V^T``
-with K = 32, 64 or 96 (``attnquant.matmul.MIN_INNER_MULTIPLE``). This
+with K = 32, 64 or 96 (``attnquant.graph.matmul.MIN_INNER_MULTIPLE``). This
 compiles one graph holding, for each Gemma 3 1B projection group and padded
 rank Rp in {32, 64, 96, 128}, the served modules of both paths
-(``attnquant.theta_linear``: GEMM ``s*(x W0^T) + (x V) U^T``; fold
+(``attnquant.graph.theta``: GEMM ``s*(x W0^T) + (x V) U^T``; fold
 ``x (s*W0 + U V^T)^T``, its W built from weights only, as MAX folds it at
 load), with a symbolic token count as in the served model. Each output
 is compared with float64 on the same bf16 (GPU) or float32 (CPU) inputs.
@@ -42,12 +42,12 @@ PATHS = ("gemm", "fold")
 
 
 def build_case(n: int, k: int, rp: int, name: str):
-    """The served modules (``attnquant.theta_linear``) for one theta part,
+    """The served modules (``attnquant.graph.theta``) for one theta part,
     each with its own W0 (they get the same weights)."""
     from max.experimental.nn import Module
 
-    from attnquant.runtime_layout import PartPlan
-    from attnquant.theta_linear import FoldThetaProjection, GemmThetaProjection, shared_blocks
+    from attnquant.load.fuse import PartPlan
+    from attnquant.graph.theta import FoldThetaProjection, GemmThetaProjection, shared_blocks
 
     class Case(Module):
         def __init__(self) -> None:

@@ -9,7 +9,7 @@ GEMM's, while the low-rank products alone were right. MAX has two open GPU bugs 
 neighbourhood (modular/modular#6883: bf16 ``ops.matmul`` wrong for M > 8 on
 H100, first seen as ``rms_norm`` after an FFN; #7165: split-K reduces its
 partial sums in bf16). This compiles one graph of the patterns our Gemma 3
-model runs, built from the served modules (``attnquant.linear``,
+model runs, built from the served modules (``attnquant.graph.projections``,
 ``models.common.mlp``, MAX's ``Gemma3RMSNorm``), with a symbolic token count:
 
 - ``square``: ``x W^T`` at [1536, 1536], #6883's shape;
@@ -29,7 +29,7 @@ printed FAIL. One compile (minutes on 2 CPU cores; on CPU in float32 both
 errors are ~1e-7).
 
 Run 12 (H200, ``bench/results/2026-12-02-h200-run12.txt``): before
-``attnquant.matmul`` padded rows on sm_90, every case but ``square`` failed
+``attnquant.graph.matmul`` padded rows on sm_90, every case but ``square`` failed
 at M = 2 to 63, 65 and 96 and passed at 1, 64 and 128, each by the amount a
 neighbouring case's ``64 - M % 64`` zero rows written past its own output
 would give; with the padding every case passed at 24 M from 1 to 2048 but
@@ -83,8 +83,8 @@ def build_cases() -> dict[str, Case]:
     from max.experimental.tensor import Tensor
     from max.pipelines.architectures.gemma3_modulev3.layers.rms_norm import Gemma3RMSNorm
 
-    from attnquant.linear import build_projection
-    from attnquant.runtime_layout import PartPlan
+    from attnquant.graph.projections import build_projection
+    from attnquant.load.fuse import PartPlan
     from models.common.mlp import ProjectedMLP
 
     def dense(name: str, n: int, k: int) -> Module:
@@ -118,7 +118,7 @@ def build_cases() -> dict[str, Case]:
 
     class Raw(Module):
         """``x W^T`` as one bare MAX matmul, as MAX's own Gemma 3 runs it
-        (attnquant.matmul pads the rows on sm_90; this does not)."""
+        (attnquant.graph.matmul pads the rows on sm_90; this does not)."""
 
         def __init__(self, n: int, k: int) -> None:
             super().__init__()
@@ -160,10 +160,10 @@ def main() -> None:
     parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 3, 8, 9, 12, 64], help="token counts to run")
     parser.add_argument("--ratio", type=float, default=3.0, help="MAX error over torch's counted as wrong")
     parser.add_argument("--unpadded", action="store_true",
-                        help="serve without attnquant.matmul's sm_90 row padding (run 12's first graph)")
+                        help="serve without attnquant.graph.matmul's sm_90 row padding (run 12's first graph)")
     args = parser.parse_args()
     if args.unpadded:
-        from attnquant import matmul
+        from attnquant.graph import matmul
 
         matmul.set_row_padding(False)  # ATTNQUANT_ROW_PADDING=0: MAX's matmul as MAX runs it
 

@@ -2,7 +2,7 @@
 
 One call does everything:
 
-1. correctness through MAX on the GPU: ``attnquant.kernels.nvfp4_linear``
+1. correctness through MAX on the GPU: ``attnquant.graph.nvfp4.nvfp4_linear``
    (the public entry, both weight layouts, so both Mojo GPU backends and the
    run-time ``F.cond`` to dequantize + matmul for M > 16) on a padded shape
    (N=24, K=80) for M in {1, 3, 8, 9, 16, 17, 64}, against float64;
@@ -108,7 +108,7 @@ def check_public_entry(mx: Max, gen: torch.Generator) -> list[dict]:
     from max.experimental.sharding import TensorLayout
     from max.experimental.tensor import Tensor
 
-    from attnquant import kernels as K
+    from attnquant.graph import nvfp4 as K
 
     n, k = 24, 80
     dev = mx.gpu
@@ -156,7 +156,7 @@ def build_graph(mx: Max, kind: str, r: int, variant: int = -1):
     from max.dtype import DType
     from max.graph import DeviceRef, Graph, TensorType, ops
 
-    from attnquant import kernels as K
+    from attnquant.graph import nvfp4 as K
 
     dev = DeviceRef.GPU(0)
     x_t = TensorType(DType.bfloat16, ["m", "k"], dev)
@@ -265,7 +265,7 @@ def copy_bandwidth_tbs() -> float:
 
 
 def run_timing(mx: Max, gen: torch.Generator, shapes: list, r: int, reps: int) -> list[dict]:
-    from attnquant import kernels as K
+    from attnquant.graph import nvfp4 as K
 
     fp4_model = build_graph(mx, "fp4", r)
     bf16_model = build_graph(mx, "bf16", r)

@@ -21,10 +21,10 @@ import torch
 from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attnquant.checkpoint import safetensors_files  # noqa: E402
+from attnquant.load.checkpoint import safetensors_files  # noqa: E402
 from attnquant.config import AttnQuantConfig  # noqa: E402
-from attnquant.projections import find_projections  # noqa: E402
-from attnquant.reconstruct import precompute_outside  # noqa: E402
+from attnquant.formats.names import find_projections  # noqa: E402
+from attnquant.load.precompute import precompute_outside  # noqa: E402
 
 LAYER = re.compile(r"\.layers\.(\d+)\.")
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from attnquant import nvfp4  # noqa: E402
+from attnquant.formats import nvfp4  # noqa: E402
 
 
 def load_reference(path: Path | None) -> ModuleType | None:

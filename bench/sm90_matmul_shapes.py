@@ -7,7 +7,7 @@ symbolic unless --m is given) for a virtual sm_90a device (MAX's
 virtual-device mode: the real compiler, no GPU), and prints OK or FAIL with
 the compiler's constraint message and the compile time. ``--via max`` uses
 ``max.graph.ops.matmul`` directly; ``--via attnquant`` uses
-``attnquant.matmul.linear`` (what our models call). Each compile takes 4 to 10
+``attnquant.graph.matmul.linear`` (what our models call). Each compile takes 4 to 10
 minutes on 2 cores. With ``--device gpu`` it compiles for the GPU present.
 """
 
@@ -44,7 +44,7 @@ def compile_attnquant(session, n: int, k: int, m: int | str) -> None:
     from max.experimental import compilation
     from max.experimental.sharding import TensorLayout
 
-    from attnquant import matmul
+    from attnquant.graph import matmul
 
     dev = Accelerator()
     types = [TensorLayout(DType.bfloat16, [m, k], dev), TensorLayout(DType.bfloat16, [n, k], dev)]

@@ -1,7 +1,8 @@
 """Load-time weight layout for the mojo-sm90 NVFP4 kernel (pure torch, no MAX).
 
 Kept free of MAX imports so the kernel benchmark can prepare weights on a
-machine that has only torch; ``attnquant.kernels`` re-exports it.
+machine that has only torch; the ``mojo-sm90`` backend
+(``attnquant.graph.nvfp4.sm90``) applies it at load.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import functools
 
 import torch
 
-BLOCK = 16  # codes per E4M3 scale
+from attnquant.formats.nvfp4 import BLOCK_SIZE as BLOCK  # codes per E4M3 scale
+
 TILE_N = 16  # rows per mma tile
 TILE_K = 64  # k per prepared tile: 4 scale blocks, 4 mma k-steps
 

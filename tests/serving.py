@@ -76,7 +76,7 @@ def start_server(
     args = [
         sys.executable, str(REPO / "run_max.py"), "serve",
         "--model-path", str(model_path), "--port", str(port),
-        "--max-batch-size", "1", "--max-length", "512",
+        "--max-batch-size", "4", "--max-length", "512",
         *extra_args,
     ]  # fmt: skip
     log = log_path.open("wb")

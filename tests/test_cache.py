@@ -19,8 +19,8 @@ from attnquant.max_compat import child_environment
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnquant.cache import CacheKey, QuantizedWeightCache
-from attnquant.checkpoint import checkpoint_identity
+from attnquant.load.cache import CacheEntry, CacheKey, QuantizedWeightCache
+from attnquant.load.checkpoint import checkpoint_identity
 from attnquant.config import AttnQuantConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,9 +54,9 @@ class CountingBuild:
     def __init__(self, seed: int = 0) -> None:
         self.calls, self.seed = 0, seed
 
-    def __call__(self) -> dict[str, torch.Tensor]:
+    def __call__(self) -> CacheEntry:
         self.calls += 1
-        return tensors(self.seed)
+        return CacheEntry(tensors(self.seed), {"seed": self.seed, "layer_errors": {"0": 0.5}})
 
 
 def test_miss_then_hit_round_trips_every_dtype(tmp_path: Path) -> None:
@@ -65,11 +65,12 @@ def test_miss_then_hit_round_trips_every_dtype(tmp_path: Path) -> None:
     assert not hit and build.calls == 1
     loaded, hit = cache.load_or_build(KEY, build)
     assert hit and build.calls == 1
-    assert_same(loaded, tensors())
-    assert loaded["layers.0.mlp.up_proj.weight_scale"].dtype == torch.float8_e4m3fn
-    assert sorted(
-        p.suffix for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")
-    ) == [".json", ".safetensors"]
+    assert_same(loaded.tensors, tensors())
+    assert loaded.info == built.info == {"seed": 0, "layer_errors": {"0": 0.5}}
+    assert loaded.tensors["layers.0.mlp.up_proj.weight_scale"].dtype == torch.float8_e4m3fn
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) == [
+        f"{KEY.digest}.json", f"{KEY.digest}.safetensors"
+    ]
 
 
 def test_changed_config_or_checkpoint_is_a_miss(tmp_path: Path) -> None:
@@ -84,12 +85,14 @@ def test_changed_config_or_checkpoint_is_a_miss(tmp_path: Path) -> None:
         build = CountingBuild(seed=1)
         result, hit = cache.load_or_build(key, build)
         assert not hit and build.calls == 1
-        assert_same(result, tensors(1))
+        assert_same(result.tensors, tensors(1))
     # A setting that does not change the weights shares the entry.
     same = CacheKey.for_model(
         "checkpoint-1", AttnQuantConfig(quant="nvfp4", gemm=False, qkv_fuse=False)
     )
     assert cache.load_or_build(same, CountingBuild())[1]
+    # Five entries built, one lock file: locks do not pile up.
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")] == [".lock"]
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -119,7 +122,7 @@ def test_corrupt_entry_is_detected_logged_and_rebuilt(
     with caplog.at_level(logging.WARNING, logger="max.pipelines.attnquant"):
         result, hit = cache.load_or_build(KEY, build)
     assert not hit and build.calls == 1
-    assert_same(result, tensors())
+    assert_same(result.tensors, tensors())
     assert [
         r.message for r in caplog.records if "is corrupt" in r.message and "rebuilding" in r.message
     ]
@@ -138,7 +141,7 @@ WORKER = textwrap.dedent(
     import os, sys, time
     import torch
     sys.path.insert(0, {repo!r})
-    from attnquant.cache import CacheKey, QuantizedWeightCache
+    from attnquant.load.cache import CacheEntry, CacheKey, QuantizedWeightCache
     from attnquant.config import AttnQuantConfig
 
     root, mode, marker = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -159,11 +162,11 @@ WORKER = textwrap.dedent(
         with open(marker, "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         time.sleep(60 if mode == "hang" else 0.5)
-        return {{"w": torch.arange(4096, dtype=torch.float32).view(64, 64) + len(mode)}}
+        return CacheEntry({{"w": torch.arange(4096, dtype=torch.float32).view(64, 64) + len(mode)}})
 
     key = CacheKey.for_model("checkpoint-1", AttnQuantConfig(quant="nvfp4"))
-    tensors, hit = QuantizedWeightCache(root).load_or_build(key, build)
-    print("hit" if hit else "miss", float(tensors["w"].sum()))
+    entry, hit = QuantizedWeightCache(root).load_or_build(key, build)
+    print("hit" if hit else "miss", float(entry.tensors["w"].sum()))
     """
 )
 
@@ -194,7 +197,7 @@ def test_process_killed_mid_write_leaves_nothing_that_is_served(tmp_path: Path, 
     build = CountingBuild()
     result, hit = cache.load_or_build(KEY, build)
     assert not hit and build.calls == 1
-    assert_same(result, tensors())
+    assert_same(result.tensors, tensors())
     assert not list((tmp_path / "cache").glob(".*.tmp")), "stale temporaries are cleaned up"
 
 
@@ -210,7 +213,7 @@ def test_process_killed_while_building_releases_the_lock(tmp_path: Path) -> None
     worker.wait(timeout=30)
     result, hit = QuantizedWeightCache(tmp_path / "cache").load_or_build(KEY, CountingBuild())
     assert not hit
-    assert_same(result, tensors())
+    assert_same(result.tensors, tensors())
 
 
 def test_two_processes_building_the_same_key_build_once_and_agree(tmp_path: Path) -> None:
@@ -225,7 +228,7 @@ def test_two_processes_building_the_same_key_build_once_and_agree(tmp_path: Path
     assert builds(tmp_path) == 1
     # A third process, and this one, are hits on what they wrote.
     loaded, hit = QuantizedWeightCache(tmp_path / "cache").load_or_build(KEY, CountingBuild())
-    assert hit and float(loaded["w"].sum()) == expected_sum("both")
+    assert hit and float(loaded.tensors["w"].sum()) == expected_sum("both")
 
 
 def test_checkpoint_identity_tracks_content_not_location(

@@ -16,10 +16,11 @@ from attnquant.max_compat import child_environment
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnquant import cli, nvfp4
-from attnquant.checkpoint import load_state_dict
-from attnquant.projections import find_projections
-from attnquant.runtime_layout import group_name
+from attnquant.formats import nvfp4
+from attnquant.tools import cli
+from attnquant.load.checkpoint import load_state_dict
+from attnquant.formats.names import find_projections
+from attnquant.formats.names import group_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,8 @@ def test_writes_a_modelopt_nvfp4_checkpoint(
     summary = capsys.readouterr().out.strip().splitlines()
     assert (
         len(summary) == 1
-        and "14/14 projections quantized (0 ignored)" in summary[0]
+        and summary[0].startswith("attnquant quantize: ")
+        and "NVFP4 14/14 projections" in summary[0]
         and " -> " in summary[0]
     )
     assert str(out) in summary[0]
@@ -140,7 +142,7 @@ def test_theta_flags_and_progress_bar(
         == 0
     )
     captured = capsys.readouterr()
-    assert "attnquant projections" in captured.err and "G=1/2 layers, R=4" in captured.out
+    assert "attnquant projections" in captured.err and "theta G=1/2 (R=4)" in captured.out
     assert (out / "model.safetensors").exists()
 
 
@@ -186,7 +188,7 @@ def corrupt_checkpoint(source: Path, target: Path) -> Path:
         (
             lambda src, tmp: corrupt_checkpoint(src, tmp / "corrupt"),
             [],
-            "cannot read checkpoint file .*model.safetensors",
+            r"model.safetensors is truncated: tensor .* ends at data byte \d+, the file holds \d+",
         ),
         (lambda src, tmp: src, ["--blocks", "3"], r"ATTNQUANT_BLOCKS=3 cannot split 2 layers"),
         (lambda src, tmp: src, ["--rank", "-2"], r"ATTNQUANT_RANK='-2' is invalid; allowed: integer >= 0"),

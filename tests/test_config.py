@@ -42,12 +42,19 @@ def test_every_variable_is_read() -> None:
         "ATTNQUANT_CACHE": "no",
         "ATTNQUANT_CACHE_DIR": "/tmp/aq",
         "ATTNQUANT_LOG_LEVEL": "debug",
+        "ATTNQUANT_LM_HEAD": "NVFP4",
+        "ATTNQUANT_PREPARE_DEVICE": "cpu",
+        "ATTNQUANT_NVFP4_DISPATCH": "gemv",
+        "ATTNQUANT_DEMO_MODEL_DIR": "/tmp/demo",
+        "ATTNQUANT_IGNORE_UNKNOWN": "1",
     }
     assert AttnQuantConfig.from_env(env) == AttnQuantConfig(
         blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
-        quant_ignore=("mlp", "self_attn.o_proj"), scale_search="mse", gemm=True, row_padding=False, qkv_fuse=False,
-        fused_mlp=False, cache=False, cache_dir=Path("/tmp/aq"), log_level="DEBUG",
+        quant_ignore=("mlp", "self_attn.o_proj"), lm_head="nvfp4", scale_search="mse", prepare_device="cpu",
+        nvfp4_dispatch="gemv", gemm=True, row_padding=False, qkv_fuse=False, fused_mlp=False, cache=False,
+        cache_dir=Path("/tmp/aq"), log_level="DEBUG", demo_model_dir=Path("/tmp/demo"), ignore_unknown=True,
     )  # fmt: skip
+    assert set(env) == {setting.env for setting in SETTINGS}, "every setting is exercised here"
     assert AttnQuantConfig.from_env({"ATTNQUANT_GEMM": "auto", "ATTNQUANT_BLOCKS": ""}).gemm is None
 
 
@@ -65,6 +72,7 @@ def test_every_variable_is_read() -> None:
         ("ATTNQUANT_CACHE", "2", "1/0, true/false, yes/no, on/off"),
         ("ATTNQUANT_QUANT_IGNORE", "mlp,.o_proj", "dotted module-name fragments"),
         ("ATTNQUANT_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),
+        ("ATTNQUANT_LM_HEAD", "int4", "bf16, nvfp4"),
     ],
 )
 def test_invalid_value_names_variable_value_and_allowed(
@@ -76,10 +84,13 @@ def test_invalid_value_names_variable_value_and_allowed(
     assert allowed in str(error.value)
 
 
-def test_all_invalid_values_come_in_one_error() -> None:
+def test_all_invalid_values_come_in_one_line() -> None:
     with pytest.raises(ValueError) as error:
-        AttnQuantConfig.from_env({"ATTNQUANT_RANK": "x", "ATTNQUANT_QUANT": "int4"})
-    assert "ATTNQUANT_RANK='x'" in str(error.value) and "ATTNQUANT_QUANT='int4'" in str(error.value)
+        AttnQuantConfig.from_env({"ATTNQUANT_RANK": "x", "ATTNQUANT_QUANT": "int4", "ATTNQUANT_BLOCK": "2"})
+    message = str(error.value)
+    assert "\n" not in message
+    assert "ATTNQUANT_RANK='x'" in message and "ATTNQUANT_QUANT='int4'" in message
+    assert "ATTNQUANT_BLOCK is not an attnquant setting; did you mean ATTNQUANT_BLOCKS?" in message
 
 
 @pytest.mark.parametrize(
@@ -90,19 +101,22 @@ def test_all_invalid_values_come_in_one_error() -> None:
         ("ATTNQUANT_CACHEDIR", "ATTNQUANT_CACHE_DIR"),
     ],
 )
-def test_unknown_name_warns_with_closest_valid_name(typo: str, suggestion: str) -> None:
-    with pytest.warns(
-        UserWarning,
-        match=f"unknown attnquant variable {typo} is ignored; did you mean {suggestion}\\?",
-    ):
+def test_unknown_name_is_an_error_with_the_closest_valid_name(typo: str, suggestion: str) -> None:
+    """A misspelled variable would otherwise be ignored, and the server would
+    compile for minutes a model configured otherwise than asked."""
+    with pytest.raises(ValueError, match=f"{typo} is not an attnquant setting; did you mean {suggestion}\\?"):
         AttnQuantConfig.from_env({typo: "1", "OTHER_VARIABLE": "x"})
+    # The escape hatch: a warning instead, the rest of the configuration read.
+    with pytest.warns(UserWarning, match=f"{typo} is not an attnquant setting.*ATTNQUANT_IGNORE_UNKNOWN=1"):
+        config = AttnQuantConfig.from_env({typo: "1", "ATTNQUANT_IGNORE_UNKNOWN": "1", "ATTNQUANT_RANK": "4"})
+    assert config.rank == 4
 
 
 def test_weight_fingerprint_has_exactly_the_weight_changing_fields() -> None:
     config = AttnQuantConfig(blocks=2, quant_ignore=("mlp",), gemm=True, cache=False)
     assert config.weight_fingerprint() == {
         "blocks": 2, "rank": 16, "precompute_outside": True, "quant": "none",
-        "quant_ignore": ["mlp"], "scale_search": "rtn",
+        "quant_ignore": ["mlp"], "lm_head": "bf16", "scale_search": "rtn",
     }  # fmt: skip
     # Settings that only change how weights run leave the fingerprint alone.
     assert (
@@ -148,7 +162,7 @@ def test_documented_defaults_are_the_parsed_defaults() -> None:
         value = getattr(defaults, setting.field)
         if (
             setting.default_text not in ("layer count", "auto", "(empty)")
-            and setting.field != "cache_dir"
+            and setting.field not in ("cache_dir", "demo_model_dir")
         ):
             assert setting.parse(setting.default_text) == value, setting.env
     assert defaults == dataclasses.replace(AttnQuantConfig(), cache_dir=defaults.cache_dir)

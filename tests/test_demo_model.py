@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnquant import demo_model
-from attnquant.demo_model import (
+from attnquant.tools import demo_model
+from attnquant.tools.demo_model import (
     COMPLETE_MARKER,
-    DEMO_MODEL_DIR_ENV,
+
     DEMO_MODEL_NAME,
     FORMAT_VERSION,
     assemble_gguf,
@@ -98,7 +98,7 @@ def fake_build(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         return destination
 
     def fake_write_checkpoint(gguf_path: Path, out_dir: Path) -> None:
-        out_dir.mkdir(parents=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.json").write_text("{}")
         built.append(out_dir)
 
@@ -139,7 +139,7 @@ def test_interrupted_build_leaves_no_marker_and_no_partial_files(
     tmp_path: Path, fake_build: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def interrupted(gguf_path: Path, out_dir: Path) -> None:
-        out_dir.mkdir(parents=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "model.safetensors").write_bytes(b"half a file")
         raise KeyboardInterrupt
 
@@ -152,14 +152,16 @@ def test_interrupted_build_leaves_no_marker_and_no_partial_files(
 
 
 def test_build_after_a_killed_build_removes_its_leftovers(tmp_path: Path, fake_build: list[Path]) -> None:
-    # What a SIGKILL mid-build leaves: a staging directory, no target.
-    leftover = tmp_path / f".{DEMO_MODEL_NAME}.building-killed" / "checkpoint"
-    leftover.mkdir(parents=True)
+    # What a SIGKILL mid-build leaves: the staging directory of a dead process, no target.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftover = tmp_path / f".{DEMO_MODEL_NAME}.partial-{dead.pid}"
+    (leftover / "source").mkdir(parents=True)
     (leftover / "model.safetensors").write_bytes(b"half a file")
     target = tmp_path / DEMO_MODEL_NAME
     ensure_demo_model(target, progress=False)
     assert _marker(target)["format_version"] == FORMAT_VERSION
-    assert not leftover.parent.exists()
+    assert not leftover.exists()
 
 
 def test_build_of_an_older_format_is_replaced(tmp_path: Path, fake_build: list[Path]) -> None:
@@ -177,7 +179,7 @@ def test_refuses_to_replace_a_directory_it_did_not_build(tmp_path: Path, fake_bu
     target = tmp_path / DEMO_MODEL_NAME
     target.mkdir()
     (target / "notes.txt").write_text("someone else's")
-    with pytest.raises(ValueError, match=DEMO_MODEL_DIR_ENV):
+    with pytest.raises(ValueError, match="ATTNQUANT_DEMO_MODEL_DIR"):
         ensure_demo_model(target, progress=False)
     assert (target / "notes.txt").read_text() == "someone else's"
     assert fake_build == []
@@ -208,19 +210,19 @@ def test_concurrent_callers_build_once(
 
 
 def test_default_dir_prefers_the_override_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(DEMO_MODEL_DIR_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv("ATTNQUANT_DEMO_MODEL_DIR", str(tmp_path / "mine"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_demo_model_dir() == tmp_path / "mine"
 
 
 def test_default_dir_is_under_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(DEMO_MODEL_DIR_ENV, raising=False)
+    monkeypatch.delenv("ATTNQUANT_DEMO_MODEL_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_demo_model_dir() == tmp_path / "xdg" / "attnquant" / "models" / DEMO_MODEL_NAME
 
 
 def test_default_dir_falls_back_to_home_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(DEMO_MODEL_DIR_ENV, raising=False)
+    monkeypatch.delenv("ATTNQUANT_DEMO_MODEL_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_demo_model_dir() == tmp_path / ".cache" / "attnquant" / "models" / DEMO_MODEL_NAME
@@ -270,10 +272,10 @@ def test_built_model_is_found_again_in_milliseconds(demo_dir: Path, monkeypatch:
     assert time.perf_counter() - started < 0.05
 
 
-def test_module_main_prints_the_path(demo_dir: Path) -> None:
-    env = {**os.environ, DEMO_MODEL_DIR_ENV: str(demo_dir), "PYTHONPATH": str(REPO_ROOT)}
+def test_demo_model_command_prints_the_path(demo_dir: Path) -> None:
+    env = {**os.environ, "ATTNQUANT_DEMO_MODEL_DIR": str(demo_dir), "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "attnquant.demo_model"], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "attnquant", "demo-model"], env=env, capture_output=True, text=True, check=True
     )
     assert result.stdout == f"{demo_dir}\n"
 

@@ -2,27 +2,26 @@
 
 One ``max serve`` (through run_max.py) per configuration, shared by the
 tests of that configuration: each distinct graph costs MAX minutes to
-compile on 2 cores, so there are three (passthrough, NVFP4 everywhere, NVFP4
-MLP-only). The host reference is transformers in float32, with the same
-weights MAX serves (dequantized where they are NVFP4).
+compile on 2 cores, so there are four (passthrough, NVFP4 everywhere, NVFP4
+MLP-only, NVFP4 everywhere with the NVFP4 output head). The host reference is
+transformers in float32, with the same weights MAX serves (dequantized where
+they are NVFP4): every completion is checked token for token against it.
 """
 
 from __future__ import annotations
 
 import re
-
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import requests
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from attnquant import nvfp4
-from attnquant.checkpoint import load_state_dict
-from attnquant.config import AttnQuantConfig
-from attnquant.demo_model import ensure_demo_model
-from attnquant.reconstruct import precompute_outside
+from attnquant.tools.demo_model import ensure_demo_model
+from attnquant.tools.verify import transformers_model
 
 from .serving import Server, start_server
 
@@ -33,6 +32,7 @@ CONFIGS = {
     "passthrough": {"ATTNQUANT_QUANT": "none"},
     "nvfp4": {"ATTNQUANT_QUANT": "nvfp4"},
     "nvfp4_mlp_only": {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"},
+    "nvfp4_head": {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_LM_HEAD": "nvfp4"},
 }
 
 
@@ -63,24 +63,17 @@ def tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def reference_model(model_dir: Path, env: dict[str, str]) -> torch.nn.Module:
-    """transformers float32 with the weights MAX serves under ``env``."""
-    config = AttnQuantConfig.from_env({**env, "ATTNQUANT_CACHE": "0"})
-    served = precompute_outside(load_state_dict(model_dir), config, progress=False).state_dict
-    weights = {}
-    for name, tensor in served.items():
-        module = name.removesuffix(".weight")
-        if f"{module}.weight_scale" in served and name.endswith(".weight"):
-            packed = nvfp4.NVFP4Weight(
-                tensor, served[f"{module}.weight_scale"], served[f"{module}.weight_scale_2"]
-            )
-            weights[name] = nvfp4.dequantize(packed)
-        elif not name.endswith(("weight_scale", "weight_scale_2", "input_scale")):
-            weights[name] = tensor.float()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
-    return model.eval()
+@pytest.fixture(scope="module")
+def reference(served, model_dir: Path) -> torch.nn.Module:
+    """transformers float32 with the weights MAX serves in this configuration."""
+    name, _ = served
+    return transformers_model(model_dir, {**CONFIGS[name], "ATTNQUANT_CACHE": "0"})
+
+
+def greedy(reference: torch.nn.Module, tokenizer, prompt_ids: torch.Tensor, n: int) -> str:
+    with torch.no_grad():
+        out = reference.generate(prompt_ids, max_new_tokens=n, do_sample=False)
+    return tokenizer.decode(out[0, prompt_ids.shape[1] :], skip_special_tokens=True)
 
 
 def _completion_logprobs(server: Server, prompt: str, n: int) -> tuple[str, list[float]]:
@@ -88,9 +81,8 @@ def _completion_logprobs(server: Server, prompt: str, n: int) -> tuple[str, list
     return choice["text"], choice["logprobs"]["token_logprobs"]
 
 
-def test_completions_match_host_reference(served, model_dir: Path, tokenizer) -> None:
+def test_completions_match_host_reference(served, reference, tokenizer) -> None:
     name, server = served
-    reference = reference_model(model_dir, CONFIGS[name])
     for prompt in PROMPTS:
         text, max_logprobs = _completion_logprobs(server, prompt, 12)
         prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -108,25 +100,35 @@ def test_completions_match_host_reference(served, model_dir: Path, tokenizer) ->
         assert torch.allclose(got, ref_logprobs[: len(got)], atol=2e-2), (got, ref_logprobs)
 
 
-def test_completion_is_coherent(served) -> None:
+def test_completion_is_coherent(served, reference, tokenizer) -> None:
     name, server = served
-    text = server.completion("Question: What is the capital of France?\nAnswer:", 6)["choices"][0]["text"]
+    prompt = "Question: What is the capital of France?\nAnswer:"
+    text = server.completion(prompt, 6)["choices"][0]["text"]
     assert "paris" in text.lower(), f"{name}: {text!r}"
+    assert text == greedy(reference, tokenizer, tokenizer(prompt, return_tensors="pt").input_ids, 6)
 
 
-def test_chat_endpoint_answers(served) -> None:
-    # The embedded 270M is the pretrained (not instruction-tuned) model, so
-    # its chat replies are not graded; the endpoint must serve them.
+def test_chat_endpoint_answers(served, reference, tokenizer) -> None:
+    """The chat endpoint renders the checkpoint's chat template and answers as
+    the reference does for the same rendered prompt (the embedded 270M is the
+    pretrained model, so what it says is not graded, only that it is right)."""
     name, server = served
-    reply = server.chat("Hello!", 8)
-    assert reply["choices"][0]["message"]["content"].strip(), name
+    reply = server.chat("Hello!", 8)["choices"][0]["message"]["content"]
+    messages = [{"role": "user", "content": "Hello!"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert reply.strip() and reply == greedy(reference, tokenizer, ids["input_ids"], 8), name
 
 
 def test_load_line_reports_path_and_coverage(served) -> None:
     name, server = served
     line = next(l for l in server.log().splitlines() if "attnquant load:" in l)
-    expected = {"passthrough": "NVFP4 0/126", "nvfp4": "NVFP4 126/126", "nvfp4_mlp_only": "NVFP4 54/126"}
+    expected = {
+        "passthrough": "NVFP4 0/126", "nvfp4": "NVFP4 126/126", "nvfp4_mlp_only": "NVFP4 54/126",
+        "nvfp4_head": "quant=nvfp4 lm_head=nvfp4; NVFP4 126/126",
+    }  # fmt: skip
     assert expected[name] in line, line
+    if name == "nvfp4_head":
+        return  # the head's bytes, not only the projections', changed
     # Bytes a decode step reads: only the projections change, so the whole
     # model shrinks by exactly what the projections do (two-decimal rounding
     # aside), and what is left includes the embedding/LM head.
@@ -136,7 +138,7 @@ def test_load_line_reports_path_and_coverage(served) -> None:
     projections_saved = (float(mib[1]) - float(mib[2])) / 1024
     assert abs((float(gib[1]) - float(gib[2])) - projections_saved) < 0.011, line
     assert float(gib[2]) > float(mib[2]) / 1024 + 0.1, line  # the embedding counted too
-    # MAX sized the KV cache with the served bytes (attnquant.memory), which
+    # MAX sized the KV cache with the served bytes (attnquant.load.memory), which
     # only differ from the checkpoint's when projections were quantized.
     memory = re.search(r"attnquant memory: weights ([\d.]+) GiB served, not the checkpoint's ([\d.]+) GiB", server.log())
     assert (memory is not None) == (name != "passthrough"), name
@@ -155,6 +157,49 @@ def test_second_start_hits_the_cache(served, model_dir: Path, cache_dir: Path, t
         log = server.log()
         assert "quantized-weight cache hit" in log
         assert "computing served weights" not in log
-        assert server.completion("Hello", max_tokens=2)["choices"][0]["text"]
+        first = served[1].completion(PROMPTS[0], max_tokens=8)["choices"][0]["text"]
+        assert server.completion(PROMPTS[0], max_tokens=8)["choices"][0]["text"] == first
     finally:
         server.stop()
+
+
+def test_a_bad_token_id_is_a_400_and_the_server_goes_on(served) -> None:
+    """An id outside the vocabulary would crash MAX's model worker in the
+    embedding gather; ours refuses the request and serves the next one."""
+    name, server = served
+    if name != "nvfp4":
+        pytest.skip("one configuration is enough")
+    for bad in ([2, 999999999, 5], [2, -5]):
+        response = requests.post(
+            server.url + "/v1/completions", json={"model": server.model, "prompt": bad, "max_tokens": 4}, timeout=120
+        )
+        assert response.status_code == 400, response.text
+        assert f"prompt token id {bad[1]} (position 1) is outside this model's vocabulary [0, 262144)" in response.text
+    good = server.completion(PROMPTS[0], max_tokens=4)["choices"][0]["text"]
+    assert good and "Worker crashed" not in server.log()
+
+
+CONCURRENT_PROMPTS = (
+    "The Eiffel Tower is located in the city of",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colours are",
+)
+
+
+def test_concurrent_requests_give_the_completions_of_requests_alone(served) -> None:
+    """Batch invariance on CPU: four requests decoded together (one batch,
+    run_max.py serves several sequences at once) give each the completion
+    it gets alone, token for token."""
+    name, server = served
+    if name not in ("nvfp4", "nvfp4_head"):
+        pytest.skip("the NVFP4 configurations are enough")
+
+    def complete(prompt: str) -> tuple[str, list[str] | None]:
+        choice = server.completion(prompt, max_tokens=16, logprobs=1)["choices"][0]
+        return choice["text"], choice["logprobs"].get("tokens")
+
+    alone = [complete(p) for p in CONCURRENT_PROMPTS]
+    with ThreadPoolExecutor(len(CONCURRENT_PROMPTS)) as pool:
+        together = list(pool.map(complete, CONCURRENT_PROMPTS))
+    assert together == alone

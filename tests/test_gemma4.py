@@ -24,10 +24,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnquant import nvfp4
-from attnquant.checkpoint import load_state_dict
+from attnquant.formats import nvfp4
+from attnquant.formats.names import find_projections
+from attnquant.load.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
-from attnquant.reconstruct import precompute_outside
+from attnquant.load.precompute import precompute_outside
 
 from .gemma4_fixtures import (
     LAYER_TYPES,
@@ -113,24 +114,22 @@ def test_capture_buffers_follow_the_compiled_call_order() -> None:
     assert inputs.buffers == ("tokens", "n", "offsets", "embeddings", "indices", "kv0", "kv1", "kv2")
 
 
-@pytest.mark.parametrize("value, declared", [("", True), ("1", True), ("0", False)])
-def test_capture_is_declared_unless_turned_off(value: str, declared: bool) -> None:
-    """ATTNQUANT_GEMMA4_GRAPH_CAPTURE (default on) decides whether our Gemma 4
-    architectures declare capture (MAX then captures by default); the MTP
-    target keeps MAX's setting."""
-    code = (
-        "from models.gemma4.arch import gemma4_arch, gemma4_unified_arch, gemma4_mtp_arch\n"
-        "from models.gemma4.inputs import AttnQuantGemma4BatchProcessor as B\n"
-        "from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import "
-        "unified_mtp_gemma4_modulev3_arch as mtp\n"
-        "assert gemma4_arch.batching is B and gemma4_unified_arch.batching is B\n"
-        "assert gemma4_mtp_arch.supports_device_graph_capture == mtp.supports_device_graph_capture\n"
-        "print(gemma4_arch.supports_device_graph_capture, gemma4_unified_arch.supports_device_graph_capture)\n"
-    )
-    env = {**os.environ, "ATTNQUANT_GEMMA4_GRAPH_CAPTURE": value}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [str(declared)] * 2
+def test_capture_is_declared_and_the_removed_switch_is_refused() -> None:
+    """Our Gemma 4 text architectures declare capture (MAX then captures by
+    default; --no-device-graph-capture turns it off); the MTP target keeps
+    MAX's setting. The old ATTNQUANT_GEMMA4_GRAPH_CAPTURE is an error that
+    says what to do instead, and nothing is read at import time."""
+    from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import unified_mtp_gemma4_modulev3_arch as mtp
+
+    from attnquant.config import AttnQuantConfig
+    from models.gemma4.arch import gemma4_arch, gemma4_mtp_arch, gemma4_unified_arch
+    from models.gemma4.inputs import AttnQuantGemma4BatchProcessor
+
+    assert gemma4_arch.batching is gemma4_unified_arch.batching is AttnQuantGemma4BatchProcessor
+    assert gemma4_arch.supports_device_graph_capture and gemma4_unified_arch.supports_device_graph_capture
+    assert gemma4_mtp_arch.supports_device_graph_capture == mtp.supports_device_graph_capture
+    with pytest.raises(ValueError, match="ATTNQUANT_GEMMA4_GRAPH_CAPTURE was removed.*--no-device-graph-capture"):
+        AttnQuantConfig.from_env({"ATTNQUANT_GEMMA4_GRAPH_CAPTURE": "0"})
 
 
 def _speculative_target(target: str, drafter: str, method: str) -> str:
@@ -265,8 +264,8 @@ def test_moe_checkpoint_fails_fast_through_max(gemma4_dir: Path, tmp_path: Path)
 def test_memory_estimate_is_the_served_bytes(gemma4_dir: Path, env: dict[str, str]) -> None:
     """The weight size our memory planners give MAX (checkpoint files less
     what NVFP4 saves, from the headers only) is what load time serves."""
-    from attnquant.memory import quantization_saving
-    from attnquant.nvfp4 import served_nbytes
+    from attnquant.load.memory import quantization_saving
+    from attnquant.formats.nvfp4 import served_nbytes
 
     checkpoint = load_state_dict(gemma4_dir)
     config = AttnQuantConfig.from_env(env)
@@ -281,8 +280,8 @@ def test_memory_estimate_is_the_served_bytes(gemma4_dir: Path, env: dict[str, st
 def test_memory_estimate_counts_what_the_graph_fold_keeps(gemma4_dir: Path) -> None:
     """The graph fold holds theta and the W_eff MAX folds from it at load: the
     estimate adds the projections' bytes once more; the GEMM path adds none."""
-    from attnquant.memory import served_weights_size
-    from attnquant.projections import ProjectionKey
+    from attnquant.load.memory import served_weights_size
+    from attnquant.formats.names import ProjectionKey
 
     checkpoint = load_state_dict(gemma4_dir)
     projections = sum(t.numel() * t.element_size() for k, t in checkpoint.items() if ProjectionKey.parse(k))
@@ -295,11 +294,12 @@ def test_memory_estimate_counts_what_the_graph_fold_keeps(gemma4_dir: Path) -> N
 
 
 def test_plan_counts_exactly_the_checkpoint_projections(gemma4_dir: Path) -> None:
-    from attnquant.runtime_layout import to_runtime_layout
+    from attnquant.load.fuse import to_runtime_layout
     from models.gemma4.model import describe_projections
 
-    served = precompute_outside(load_state_dict(gemma4_dir), AttnQuantConfig.from_env({}), progress=False)
-    assert served.report.projections_total == expected_projection_count() == 26
+    state = load_state_dict(gemma4_dir)
+    served = precompute_outside(state, AttnQuantConfig.from_env({}), progress=False)
+    assert len(find_projections(state)) == expected_projection_count() == 26
     _, plan = to_runtime_layout(served.state_dict, fuse=True, dtype=torch.float32)
     for i, layer_type in enumerate(LAYER_TYPES):
         (qkv,) = plan[f"model.language_model.layers.{i}.self_attn.qkv_proj"]

@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from attnquant import generated_ops as G
+from attnquant.graph import generated as G
 
 pytestmark = pytest.mark.max
 
@@ -34,7 +34,7 @@ def graph():
     from max.experimental import functional as F
     from max.experimental.sharding import TensorLayout
 
-    from attnquant import kernels as K
+    from attnquant.graph.ops import custom_extensions_path
 
     device = CPU()
     f32 = DType.float32
@@ -62,7 +62,7 @@ def graph():
         *theta_types(INTER, H, "ru"),
         *theta_types(H, INTER, "rd"),
     ]
-    return compilation.compile(forward, custom_extensions=[K.custom_extensions_path()])(*types)
+    return compilation.compile(forward, custom_extensions=[custom_extensions_path()])(*types)
 
 
 def random_theta(n: int, k: int, r: int, rv: int | None = None) -> list[torch.Tensor]:

@@ -1,11 +1,12 @@
-"""attnquant.matmul: the SM90 split-K guard, the row-split product and the row padding.
+"""attnquant.graph.matmul and the sm_90 decisions in attnquant.max_compat:
+the split-K guard, the row-split product and the row padding.
 
 Whether the split avoids MAX 26.7's uncompilable configuration is a compile
-for sm_90a (bench/sm90_matmul_shapes.py, minutes per shape, recorded in
-docs/throughput.md), and whether padded rows avoid its wrong partial row
-tiles is a run on the H200 (bench/max_gpu_patterns_check.py); here: when each
-applies, that the split product is the product, and that padding hands the
-kernel the row count it should and gives back the first M rows.
+for sm_90a (bench/checks/sm90_matmul_shapes.py), and whether padded rows
+avoid its wrong partial row tiles is a run on the H200
+(bench/checks/max_gpu_patterns_check.py); here: when each applies, that the
+split product is the product, and that padding hands the kernel the row
+count it should and gives back the first M rows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 import torch
 from max.dtype import DType
 
-from attnquant import matmul
+from attnquant.graph import matmul
+from attnquant.max_compat import SM90_ROW_TILE, SM90_SPLIT_K_SHAPES, RowPadding, needs_row_split, row_padding
 
 
 @pytest.mark.parametrize(
@@ -33,51 +35,40 @@ from attnquant import matmul
     ],
 )
 def test_needs_row_split(n: int, k: int, dtype: DType, api: str, static_m: bool, expected: bool) -> None:
-    assert matmul.needs_row_split(n, k, dtype, api, static_m) is expected
+    assert needs_row_split(n, k, dtype, api, static_m) is expected
 
 
 def test_split_halves_leave_the_table() -> None:
-    for n, k in matmul.SM90_SPLIT_K_SHAPES:
-        assert (n // 2, k) not in matmul.SM90_SPLIT_K_SHAPES
-        assert (n - n // 2, k) not in matmul.SM90_SPLIT_K_SHAPES
+    for n, k in SM90_SPLIT_K_SHAPES:
+        assert (n // 2, k) not in SM90_SPLIT_K_SHAPES
+        assert (n - n // 2, k) not in SM90_SPLIT_K_SHAPES
 
 
 @pytest.mark.parametrize(
-    ("dtype", "api", "arch", "m", "expected"),
+    ("mode", "dtype", "api", "arch", "capture", "expected"),
     [
-        (DType.bfloat16, "cuda", "sm_90a", "m", True),  # a decoder graph's token count
-        (DType.bfloat16, "cuda", "sm_90a", 3, True),
-        (DType.bfloat16, "cuda", "sm_90a", 1, False),  # MAX's GEMV: right
-        (DType.bfloat16, "cuda", "sm_90a", 128, False),  # full tiles only
-        (DType.bfloat16, "cuda", "sm_100a", "m", False),  # seen on sm_90 only
-        (DType.bfloat16, "cuda", "sm_80", "m", False),
-        (DType.float32, "cuda", "sm_90a", "m", False),
-        (DType.bfloat16, "cpu", "", "m", False),
+        (None, DType.bfloat16, "cuda", "sm_90a", True, RowPadding.BRANCH),  # captured: one row skips it
+        (None, DType.bfloat16, "cuda", "sm_90a", False, RowPadding.FIXED),  # uncaptured: no host branch
+        (None, DType.bfloat16, "cuda", "sm_90a", None, RowPadding.FIXED),
+        (None, DType.bfloat16, "cuda", "sm_100a", True, RowPadding.OFF),  # seen on sm_90 only
+        (None, DType.bfloat16, "cuda", "sm_80", True, RowPadding.OFF),
+        (None, DType.float32, "cuda", "sm_90a", True, RowPadding.OFF),
+        (None, DType.float32, "cpu", "", None, RowPadding.OFF),
+        (False, DType.bfloat16, "cuda", "sm_90a", True, RowPadding.OFF),  # ATTNQUANT_ROW_PADDING=0
+        (True, DType.float32, "cpu", "", None, RowPadding.FIXED),  # =1: any device, any dtype
+        (True, DType.bfloat16, "cuda", "sm_100a", True, RowPadding.BRANCH),
     ],
 )
-def test_needs_row_padding(dtype: DType, api: str, arch: str, m: object, expected: bool) -> None:
-    assert matmul.needs_row_padding(dtype, api, arch, m) is expected
-
-
-@pytest.mark.parametrize(
-    ("api", "arch", "m", "mode", "expected"),
-    [
-        ("cuda", "sm_90a", "m", False, False),  # ATTNQUANT_ROW_PADDING=0: never
-        ("cuda", "sm_90a", 3, False, False),
-        ("cpu", "", "m", True, True),  # =1: any device, any dtype
-        ("cuda", "sm_100a", 3, True, True),
-        ("cpu", "", 1, True, False),  # ... but never the GEMV's single row
-        ("cpu", "", 128, True, False),  # ... nor full tiles
-    ],
-)
-def test_row_padding_setting_overrides_the_device(api: str, arch: str, m: object, mode: bool, expected: bool) -> None:
-    assert matmul.needs_row_padding(DType.float32, api, arch, m, mode) is expected
+def test_row_padding_decision(
+    mode: bool | None, dtype: DType, api: str, arch: str, capture: bool | None, expected: RowPadding
+) -> None:
+    assert row_padding(mode, dtype, api, arch, capture) is expected
 
 
 def test_padded_row_count_fills_the_last_tile_and_keeps_one_row() -> None:
     from max.graph import Dim
 
-    tile = matmul.SM90_ROW_TILE
+    tile = SM90_ROW_TILE
     for m in range(1, 3 * tile + 2):
         expected = 1 if m == 1 else -(-m // tile) * tile
         assert int(matmul.padded_row_count(Dim(m))) == expected, m
@@ -91,7 +82,8 @@ def test_is_static_dim() -> None:
 @pytest.mark.max
 def test_row_split_and_padded_rows_give_the_product() -> None:
     """Odd N (unequal halves), symbolic M, leading dims: same as x @ W.T; and
-    with padded rows: the same product, the function handed the padded count."""
+    with padded rows, fixed or behind the one-row branch: the same product,
+    the function handed the padded count (one row: one row)."""
     from max.driver import CPU
     from max.experimental import compilation
     from max.experimental import functional as F
@@ -105,16 +97,14 @@ def test_row_split_and_padded_rows_give_the_product() -> None:
         count = F.cast(F.shape_to_tensor([r.shape[0]]), f32).reshape([1, 1])
         return F.broadcast_to(count, [r.shape[0], n])
 
+    def seen(x, padding):
+        return matmul.on_full_row_tiles(rows_seen, x, padding, out_features=n)
+
     def forward(x, x3, w):
-        padded = matmul.with_padded_rows(functools.partial(matmul.linear_as_given, weight=w), x)
-        try:  # ATTNQUANT_ROW_PADDING as a load sets it: read while the graph is traced
-            matmul.set_row_padding(True)
-            forced = matmul.linear(x, w), matmul.on_full_row_tiles(rows_seen, x)
-        finally:
-            matmul.set_row_padding(None)
         return (
-            matmul.row_split_linear(x, w), matmul.row_split_linear(x3, w), matmul.linear(x, w),
-            padded, matmul.with_padded_rows(rows_seen, x), *forced, matmul.on_full_row_tiles(rows_seen, x),
+            matmul.row_split_linear(x, w), matmul.row_split_linear(x3, w),
+            *(matmul.linear(x, w, padding) for padding in RowPadding),
+            *(seen(x, padding) for padding in RowPadding),
         )  # fmt: skip
 
     types = [
@@ -125,10 +115,30 @@ def test_row_split_and_padded_rows_give_the_product() -> None:
     run = compilation.compile(forward)(*types)
     for m, padded_to in ((1, 1), (5, 64), (64, 64), (65, 128)):
         x, x3, w = torch.randn(m, k), torch.randn(2, m, k), torch.randn(n, k)
-        outputs = run(*(Tensor.from_dlpack(t) for t in (x, x3, w)))
-        y, y3, plain, padded, seen, forced, forced_seen, auto_seen = (torch.from_dlpack(o).clone() for o in outputs)
-        for got in (y, plain, padded, forced):
+        outputs = [torch.from_dlpack(o).clone() for o in run(*(Tensor.from_dlpack(t) for t in (x, x3, w)))]
+        y, y3, *rest = outputs
+        products, rows = rest[: len(RowPadding)], dict(zip(RowPadding, rest[len(RowPadding) :]))
+        for got in (y, *products):
             torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y3, x3 @ w.T, rtol=1e-5, atol=1e-5)
-        for rows, expected in ((seen, padded_to), (forced_seen, padded_to), (auto_seen, m)):  # auto: not on CPU
-            assert rows.shape == (m, n) and bool((rows == expected).all()), (m, rows[0, 0], expected)
+        expected = {RowPadding.OFF: m, RowPadding.FIXED: padded_to, RowPadding.BRANCH: padded_to}
+        for padding, count in expected.items():
+            got = rows[padding]
+            assert got.shape == (m, n) and bool((got == count).all()), (padding, m, got[0, 0], count)
+
+
+def test_static_row_counts_are_decided_while_building() -> None:
+    """A static M of 1 or a multiple of the tile is never padded; any other is."""
+    calls: list[int] = []
+
+    class Rows:
+        def __init__(self, m: int) -> None:
+            self.shape, self.rank = (m, 8), 2
+
+    def fn(x):
+        calls.append(x.shape[0])
+        return "direct"
+
+    padded = functools.partial(matmul.on_full_row_tiles, fn, padding=RowPadding.BRANCH, out_features=4)
+    assert padded(Rows(1)) == padded(Rows(SM90_ROW_TILE)) == "direct"
+    assert calls == [1, SM90_ROW_TILE]

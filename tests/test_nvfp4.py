@@ -1,4 +1,4 @@
-"""attnquant.nvfp4 against MAX's host reference, bit for bit."""
+"""attnquant.formats.nvfp4 against MAX's host reference, bit for bit."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnquant import nvfp4
-from attnquant.nvfp4 import NVFP4Weight, ScalePolicy
+from attnquant.formats import nvfp4
+from attnquant.formats.nvfp4 import NVFP4Weight, ScalePolicy
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

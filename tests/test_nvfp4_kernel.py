@@ -21,7 +21,12 @@ import pytest
 from attnquant.max_compat import child_environment
 import torch
 
-from attnquant import kernels as K
+from max.dtype import DType
+
+from attnquant.graph import nvfp4 as K
+from attnquant.graph.nvfp4 import base
+from attnquant.graph.ops import custom_extensions_path
+from attnquant.graph.runtime import capture_off_advice
 from kernels import sm90_layout as L
 
 E2M1 = torch.tensor(
@@ -76,7 +81,7 @@ def test_decode_inverts_the_gf2_encoding() -> None:
 @pytest.mark.parametrize("n,k", [(16, 64), (24, 80), (48, 320), (40, 1152), (1, 16)])
 def test_prepare_weights_round_trips(n: int, k: int) -> None:
     packed, scale_bits = random_nvfp4(n, k)
-    codes, scales = K.prepare_weights(packed, scale_bits)
+    codes, scales = L.prepare_weights(packed, scale_bits)
     n16, k64 = -(-n // 16) * 16, -(-k // 64) * 64
     assert codes.shape == (n16, k64 // 2) and codes.dtype == torch.uint8
     assert scales.shape == (n16, k64 // 16) and scales.dtype == torch.uint8
@@ -91,7 +96,7 @@ def test_prepare_weights_zeroes_codes_of_zero_scale_blocks() -> None:
     # which would zero that block's codes as well) and some nonzero code.
     scale_bits[3, 0] = 0x38
     packed[3, 0] = 0x11
-    codes, scales = K.prepare_weights(packed, scale_bits)
+    codes, scales = L.prepare_weights(packed, scale_bits)
     # Every bf16 the kernel would feed the tensor core for that block is +-0,
     # whatever scale it applies.
     decoded = L.sm90_reference_dequant(codes, torch.full_like(scales, 0x50), 16, 64)
@@ -104,61 +109,61 @@ def test_prepare_weights_rejects_negative_and_nan_scales(bad: int) -> None:
     packed, scale_bits = random_nvfp4(16, 64)
     scale_bits[5, 2] = bad
     with pytest.raises(ValueError, match=f"0x{bad:02x}"):
-        K.prepare_weights(packed, scale_bits)
+        L.prepare_weights(packed, scale_bits)
 
 
 def test_prepare_weights_rejects_bad_shapes() -> None:
     packed, scale_bits = random_nvfp4(16, 64)
     with pytest.raises(ValueError, match="scale_bits"):
-        K.prepare_weights(packed, scale_bits[:, :3])
+        L.prepare_weights(packed, scale_bits[:, :3])
     with pytest.raises(ValueError, match="multiple of 16"):
-        K.prepare_weights(packed[:, :4], scale_bits)
+        L.prepare_weights(packed[:, :4], scale_bits)
 
 
 # ---------------------------------------------------------------------------
 # Chooser
 # ---------------------------------------------------------------------------
 
-BF16, F32 = K.DType.bfloat16, K.DType.float32
+BF16, F32 = DType.bfloat16, DType.float32
 
 
 @pytest.mark.parametrize(
     "config,expected",
     [
-        (K.NVFP4LinearConfig(64, 128, F32, "cpu"), "mojo-cpu"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "cpu"), "graph-dequant"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.SM90), "mojo-sm90"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a"), "mojo-sm90"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_75", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
-        (K.NVFP4LinearConfig(64, 128, F32, "cuda", "sm_90a"), "mojo-gpu"),
-        (K.NVFP4LinearConfig(64, 128, BF16, "hip", "gfx942"), "mojo-gpu"),
-        (K.NVFP4LinearConfig(64, 120, F32, "cpu"), None),
+        (K.NVFP4LayerConfig(64, 128, F32, "cpu"), "mojo-cpu"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "cpu"), "graph-dequant"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.SM90), "mojo-sm90"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_90a"), "mojo-sm90"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_75", layout=K.WeightLayout.MODELOPT), "mojo-gpu"),
+        (K.NVFP4LayerConfig(64, 128, F32, "cuda", "sm_90a"), "mojo-gpu"),
+        (K.NVFP4LayerConfig(64, 128, BF16, "hip", "gfx942"), "mojo-gpu"),
+        (K.NVFP4LayerConfig(64, 120, F32, "cpu"), None),
     ],
 )
-def test_chooser(config: K.NVFP4LinearConfig, expected: str | None) -> None:
+def test_chooser(config: K.NVFP4LayerConfig, expected: str | None) -> None:
     if expected is None:
         with pytest.raises(ValueError, match="multiple of 16"):
-            K.choose_kernel(config)
+            K.choose_backend(config)
     else:
-        assert K.choose_kernel(config).name == expected
+        assert K.choose_backend(config).name == expected
 
 
 def test_chooser_logs_its_choice_once(caplog: pytest.LogCaptureFixture) -> None:
-    config = K.NVFP4LinearConfig(48, 96, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT)
-    K.choose_kernel.cache_clear()
+    config = K.NVFP4LayerConfig(48, 96, BF16, "cuda", "sm_90a", layout=K.WeightLayout.MODELOPT)
+    K.choose_backend.cache_clear()
     with caplog.at_level(logging.INFO, logger=K.logger.name):
-        K.choose_kernel(config)
-        K.choose_kernel(config)
+        K.choose_backend(config)
+        K.choose_backend(config)
     lines = [r.getMessage() for r in caplog.records if r.name == K.logger.name]
     assert len(lines) == 1
     assert "using mojo-gpu" in lines[0] and "skipped mojo-sm90: takes the sm90 layout" in lines[0]
 
 
 def test_sm90_rejects_fp32_and_old_gpus() -> None:
-    ok, why = K.MojoSM90Kernel.can_implement(K.NVFP4LinearConfig(64, 128, F32, "cuda", "sm_90a"))
+    ok, why = K.MojoSM90Backend.can_implement(K.NVFP4LayerConfig(64, 128, F32, "cuda", "sm_90a"))
     assert not ok and "bf16" in why
-    ok, why = K.MojoSM90Kernel.can_implement(K.NVFP4LinearConfig(64, 128, BF16, "cuda", "sm_75"))
+    ok, why = K.MojoSM90Backend.can_implement(K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_75"))
     assert not ok and "sm_80" in why
 
 
@@ -189,7 +194,7 @@ def cpu_graph():
             device,
             [packed, scale_bits, global_scale],
             [TensorType(DType.float32, [N, KDIM], DeviceRef.CPU())],
-            custom_extensions=K.custom_extensions_path(),
+            custom_extensions=custom_extensions_path(),
         )
         return y, y3, w
 
@@ -199,7 +204,7 @@ def cpu_graph():
         TensorLayout(DType.uint8, [N, KDIM // 16], device),
         TensorLayout(DType.float32, [1], device),
     ]
-    return compilation.compile(forward, custom_extensions=[K.custom_extensions_path()])(*types)
+    return compilation.compile(forward, custom_extensions=[custom_extensions_path()])(*types)
 
 
 def _run(graph, x: torch.Tensor, packed: torch.Tensor, scale_bits: torch.Tensor, gs: float):
@@ -292,7 +297,7 @@ def test_m_dispatch_with_module_weights() -> None:
     from max.graph import DeviceRef, TensorType
 
     n, k = 24, 64
-    config = K.NVFP4LinearConfig(n, k, DType.float32, "cpu", "")
+    config = K.NVFP4LayerConfig(n, k, DType.float32, "cpu", "")
 
     class Dispatched(Module):
         def __init__(self) -> None:
@@ -302,7 +307,7 @@ def test_m_dispatch_with_module_weights() -> None:
             self.weight_scale_2 = Tensor.zeros([1], dtype=DType.float32)
 
         def forward(self, x):
-            return K._gemv_or_dequant_matmul(
+            return base.gemv_or_dequant_matmul(
                 x, [self.weight, self.weight_scale, self.weight_scale_2], config,
                 gemv_op="attnquant.nvfp4_matmul", dequant_op="attnquant.nvfp4_dequant",
                 weight_dtype=DType.float32,
@@ -333,12 +338,12 @@ def test_gemv_only_skips_the_m_branch() -> None:
     def branch(name: str):
         return lambda: calls.append(name) or name
 
-    gemv_only = K.NVFP4LinearConfig(24, 64, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
-    assert K._dispatch_on_m(x, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
+    gemv_only = K.NVFP4LayerConfig(24, 64, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
+    assert base.dispatch_on_m(x, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
     static_large = SimpleNamespace(shape=[40, 64])
-    assert K._dispatch_on_m(static_large, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
-    auto = K.NVFP4LinearConfig(24, 64, DType.bfloat16, "cuda", "sm_90a")
-    assert K._dispatch_on_m(static_large, auto, branch("gemv"), branch("dequant")) == "dequant"
+    assert base.dispatch_on_m(static_large, gemv_only, branch("gemv"), branch("dequant")) == "gemv"
+    auto = K.NVFP4LayerConfig(24, 64, DType.bfloat16, "cuda", "sm_90a")
+    assert base.dispatch_on_m(static_large, auto, branch("gemv"), branch("dequant")) == "dequant"
     assert calls == ["gemv", "gemv", "dequant"]
 
 
@@ -353,7 +358,7 @@ def test_gemv_only_skips_the_m_branch() -> None:
     ],
 )
 def test_capture_off_advice(dispatch: str, api: str, capture: bool | None, warns: bool) -> None:
-    advice = K.capture_off_advice(dispatch, api, capture)
+    advice = capture_off_advice(dispatch, api, capture)
     assert (advice is not None) == warns
     if warns:
         assert "--no-device-graph-capture" in advice and "ATTNQUANT_NVFP4_DISPATCH=gemv" in advice

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnquant import loading, prepare_device
-from attnquant.checkpoint import load_state_dict
+from attnquant.formats.names import find_projections
+from attnquant.load import pipeline as loading, prepare_device
+from attnquant.load.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
-from attnquant.reconstruct import precompute_outside
+from attnquant.load.precompute import precompute_outside
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def _failing_on_gpu(monkeypatch: pytest.MonkeyPatch) -> list[torch.device]:
     """precompute_outside raising a CUDA-like RuntimeError off the CPU; returns the devices tried."""
     tried: list[torch.device] = []
 
-    def fake(projections, config, *, device=prepare_device.CPU, progress=True):
+    def fake(projections, config, *, keys=None, head=None, device=prepare_device.CPU, progress=True):
         tried.append(device)
         if device.type != "cpu":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
@@ -93,17 +94,18 @@ def test_auto_retries_on_the_cpu_after_a_gpu_failure(
     gpu = prepare_device.PrepareDevice(torch.device("cuda", 0), "test")
     state = load_state_dict(tiny_gemma3_dir)
     with caplog.at_level(logging.WARNING, logger="max.pipelines.attnquant"):
-        served = loading._precompute_on(gpu, state, config)
+        served = loading._precompute_on(gpu, state, find_projections(state), config)
     assert [d.type for d in tried] == ["cuda", "cpu"]
     assert "preparing weights on cuda:0 failed (CUDA out of memory. Tried to allocate 2.00 GiB)" in caplog.text
-    assert served.keys() == precompute_outside(state, config, progress=False).state_dict.keys()
+    assert served.state_dict.keys() == precompute_outside(state, config, progress=False).state_dict.keys()
 
 
 def test_gpu_required_does_not_fall_back(tiny_gemma3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _failing_on_gpu(monkeypatch)
     gpu = prepare_device.PrepareDevice(torch.device("cuda", 0), "test")
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
-        loading._precompute_on(gpu, load_state_dict(tiny_gemma3_dir), AttnQuantConfig(quant="nvfp4", prepare_device="gpu"))
+        state = load_state_dict(tiny_gemma3_dir)
+        loading._precompute_on(gpu, state, find_projections(state), AttnQuantConfig(quant="nvfp4", prepare_device="gpu"))
 
 
 def test_unquantized_passthrough_projections_are_not_copied(tiny_gemma3_dir: Path) -> None:
@@ -118,8 +120,8 @@ def test_unquantized_passthrough_projections_are_not_copied(tiny_gemma3_dir: Pat
 
 def test_device_check_warmup_is_a_checkpoint_preparation_accepts(tiny_gemma3_dir: Path) -> None:
     """bench/prepare_device_check.py's warm-up slice is prepared, on the CPU here,
-    whatever order the projections come in (run 8's warm-up held one layer-1
-    tensor and was refused)."""
+    whatever order the projections come in (a warm-up holding one layer-1
+    tensor would be refused)."""
     from tests.bench_modules import bench_module
 
     check = bench_module("prepare_device_check")

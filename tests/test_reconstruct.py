@@ -7,14 +7,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnquant import nvfp4
-from attnquant.checkpoint import load_state_dict
+from attnquant.formats import nvfp4
+from attnquant.load.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
-from attnquant.projections import ProjectionKey, find_projections, is_ignored
-from attnquant.reconstruct import effective_weight, precompute_outside
-from attnquant.runtime_layout import group_name, to_runtime_layout
+from attnquant.formats.names import ProjectionKey, find_projections, is_ignored
+from attnquant.formats.theta import effective_weight
+from attnquant.load.precompute import PrecomputeResult, precompute_outside
+from attnquant.load.report import LoadReport
+from attnquant.formats.names import group_name
+from attnquant.load.fuse import to_runtime_layout
 
 NVFP4 = AttnQuantConfig(quant="nvfp4")
+
+
+def report_of(state: dict[str, torch.Tensor], result: PrecomputeResult, config: AttnQuantConfig) -> LoadReport:
+    """The load report a load of ``state`` with ``config`` prints."""
+    return LoadReport.measure(
+        before=state, served=result.state_dict, keys=find_projections(state),
+        quantized=len(result.quantized_modules), path="precompute-outside", blocks=config.blocks or 2,
+        num_layers=2, rank=config.rank, quant=config.quant, source="prepared", layer_errors=result.layer_errors,
+    )  # fmt: skip
 SUFFIXES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
 
 
@@ -103,13 +115,9 @@ def test_passthrough_without_quantization_returns_the_same_tensors(
     result = precompute_outside(tiny_state, AttnQuantConfig(), progress=False)
     assert result.state_dict.keys() == tiny_state.keys()
     assert all(result.state_dict[name] is tensor for name, tensor in tiny_state.items())
-    report = result.report
-    assert (report.projections_total, report.projections_quantized, report.theta_error_max) == (
-        14,
-        0,
-        0.0,
-    )
-    assert report.state_dict_bytes_after == report.state_dict_bytes_before
+    report = report_of(tiny_state, result, AttnQuantConfig())
+    assert (report.projections, report.quantized, report.theta_error_max) == (14, 0, 0.0)
+    assert report.decode_bytes_after == report.decode_bytes_before
 
 
 def test_nvfp4_replaces_each_projection_with_modelopt_tensors(
@@ -138,7 +146,7 @@ def test_nvfp4_replaces_each_projection_with_modelopt_tensors(
     for name, tensor in tiny_state.items():
         if ProjectionKey.parse(name) is None:
             assert served[name] is tensor
-    assert result.report.projections_quantized == 14 and result.report.ignored_modules == ()
+    assert len(result.quantized_modules) == 14 and result.ignored_modules == ()
     scale = lambda layer, proj: served[f"model.layers.{layer}.{proj}.weight_scale_2"]  # noqa: E731
     for layer in (0, 1):
         qkv = [scale(layer, f"self_attn.{p}") for p in ("q_proj", "k_proj", "v_proj")]
@@ -176,21 +184,17 @@ def test_ignored_projections_stay_in_the_checkpoint_dtype_and_bytes_add_up(
 ) -> None:
     config = AttnQuantConfig(quant="nvfp4", quant_ignore=("self_attn", "layers.1.mlp.down_proj"))
     result = precompute_outside(tiny_state, config, progress=False)
-    report, served = result.report, result.state_dict
+    report, served = report_of(tiny_state, result, config), result.state_dict
     expected_ignored = [
         f"model.layers.{i}.self_attn.{p}"
         for i in (0, 1)
         for p in ("q_proj", "k_proj", "v_proj", "o_proj")
     ]
-    assert sorted(report.ignored_modules) == sorted(
+    assert sorted(result.ignored_modules) == sorted(
         [*expected_ignored, "model.layers.1.mlp.down_proj"]
     )
-    assert (report.projections_total, report.projections_quantized, report.projections_ignored) == (
-        14,
-        5,
-        9,
-    )
-    for module in report.ignored_modules:
+    assert (report.projections, report.quantized, len(result.ignored_modules)) == (14, 5, 9)
+    for module in result.ignored_modules:
         assert served[f"{module}.weight"] is tiny_state[f"{module}.weight"]
         assert f"{module}.weight_scale" not in served
 
@@ -199,21 +203,22 @@ def test_ignored_projections_stay_in_the_checkpoint_dtype_and_bytes_add_up(
 
     def served_bytes(key: ProjectionKey) -> int:
         numel = tiny_state[key.weight_name].numel()
-        if key.module_name in report.ignored_modules:
+        if key.module_name in result.ignored_modules:
             return numel * 2  # bf16, unchanged
         return numel // 2 + numel // 16 + 4 + 4  # codes, E4M3 scales, two float32 scalars
 
     after = sum(served_bytes(k) for k in projections)
     assert (report.projection_bytes_before, report.projection_bytes_after) == (before, after)
     total_before = sum(t.numel() * t.element_size() for t in tiny_state.values())
-    assert report.state_dict_bytes_before == total_before
-    assert report.state_dict_bytes_after == total_before - before + after
-    assert "5/14 projections quantized (9 ignored)" in report.summary_line()
+    assert report.decode_bytes_before == total_before
+    assert report.decode_bytes_after == total_before - before + after
+    assert "NVFP4 5/14 projections" in report.line()
 
 
 def test_shared_bands_report_their_error(tiny_state: dict[str, torch.Tensor]) -> None:
-    result = precompute_outside(tiny_state, AttnQuantConfig(blocks=1, rank=4), progress=False)
-    report = result.report
+    config = AttnQuantConfig(blocks=1, rank=4)
+    result = precompute_outside(tiny_state, config, progress=False)
+    report = report_of(tiny_state, result, config)
     assert set(report.layer_errors) == {0, 1}
     # Two random layers share little: the error is large but below 1.
     assert 0.2 < report.theta_error_mean <= report.theta_error_max < 1.0
@@ -221,7 +226,7 @@ def test_shared_bands_report_their_error(tiny_state: dict[str, torch.Tensor]) ->
         served = result.state_dict[key.weight_name]
         assert served.dtype == torch.bfloat16 and served.shape == tiny_state[key.weight_name].shape
         assert not torch.equal(served, tiny_state[key.weight_name])
-    assert "G=1/2 layers, R=4" in report.summary_line()
+    assert "theta G=1/2 (R=4)" in report.line() and "theta error per layer mean" in report.line()
 
 
 def test_bad_inputs_are_value_errors(tiny_state: dict[str, torch.Tensor]) -> None:

@@ -19,14 +19,11 @@ from unittest import mock
 import pytest
 import torch
 
-from attnquant import matmul
 from attnquant.config import AttnQuantConfig
-from attnquant.reconstruction_path import (
-    MAX_GENERATED_RANK,
-    PathChoice,
-    ReconstructionPath,
-    choose_path,
-)
+from attnquant.graph import matmul
+from attnquant.load.path import PathChoice, choose_path
+from attnquant.plan import ReconstructionPath
+from kernels import MAX_GENERATED_RANK
 
 LAYERS, HIDDEN, Q, KV, INTER = 2, 32, 32, 16, 48
 BASE = AttnQuantConfig(precompute_outside=False, cache=False)
@@ -121,15 +118,15 @@ def reference(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor
 def build_stack(plan, rows_padded: bool = False):
     """Our projection modules in a toy Gemma-shaped decoder (no attention math).
 
-    ``rows_padded``: trace it with ``attnquant.matmul``'s sm_90 row padding
-    forced on, so that CI runs that GPU-only code on CPU; each padded MAX
-    matmul group is recorded in ``PADDED``."""
+    ``rows_padded``: trace it recording, in ``PADDED``, each group whose rows
+    ``attnquant.graph.matmul`` pads (its plan asks for the sm_90 padding
+    behind the one-row branch, so that CI runs that GPU-only code on CPU)."""
     from max.experimental.nn import Module
     from max.experimental.nn.sequential import ModuleList
     from max.experimental.tensor import Tensor
 
-    from attnquant.linear import build_projection
-    from attnquant.theta_linear import shared_blocks
+    from attnquant.graph.projections import build_projection
+    from attnquant.graph.theta import shared_blocks
     from models.common.mlp import build_mlp
 
     class Attention(Module):
@@ -173,7 +170,8 @@ def build_stack(plan, rows_padded: bool = False):
         def forward(self, x):
             if not rows_padded:
                 return self.model(x)
-            with mock.patch.object(matmul, "needs_row_padding", lambda *args: PADDED.append(args) or True):
+            real = matmul.with_padded_rows
+            with mock.patch.object(matmul, "with_padded_rows", lambda *args: PADDED.append(args) or real(*args)):
                 return self.model(x)
 
     with shared_blocks():  # one per model: parts alias W0 within it only
@@ -189,13 +187,13 @@ def test_matmul_paths_pad_the_residual_width(gemm: bool) -> None:
     from max.driver import CPU
     from max.dtype import DType
 
-    from attnquant import loading
-    from attnquant.matmul import MIN_INNER_MULTIPLE
-    from attnquant.runtime_layout import part_name
+    from attnquant.load import pipeline as loading
+    from attnquant.max_compat import MIN_INNER_MULTIPLE
+    from attnquant.plan import part_name
 
     config = dataclasses.replace(BASE, gemm=gemm, blocks=1, rank=3, fused_mlp=False)
     prepared = loading.prepare_weights(
-        checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
+        checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device_api="cpu"
     )
     for group, parts in prepared.plan.items():
         for i, part in enumerate(parts):
@@ -206,43 +204,47 @@ def test_matmul_paths_pad_the_residual_width(gemm: bool) -> None:
             assert u[:, :exact].any() and not u[:, exact:].any() and not v[:, exact:].any()
 
 
-@pytest.mark.parametrize("mode", [True, False, None])
-def test_a_load_applies_row_padding_to_the_graphs_built_after_it(mode: bool | None) -> None:
-    """ATTNQUANT_ROW_PADDING reaches attnquant.matmul, which MAX's tracing
-    reads after the load returns (test_matmul checks what each value does)."""
+@pytest.mark.parametrize(
+    "mode, capture, expected", [(True, True, "branch"), (True, False, "fixed"), (False, True, "off"), (None, True, "off")]
+)
+def test_conversion_for_the_device_records_the_row_padding(mode: bool | None, capture: bool, expected: str) -> None:
+    """ATTNQUANT_ROW_PADDING is decided once, when the weights are converted
+    for the device, and recorded on every part for the graph modules (on CPU
+    auto means no padding; test_matmul checks what each value does)."""
     from max.driver import CPU
     from max.dtype import DType
 
-    from attnquant import loading
+    from attnquant.graph import runtime
+    from attnquant.load import pipeline as loading
 
     config = dataclasses.replace(BASE, gemm=True, blocks=1, rank=3, row_padding=mode)
-    try:
-        loading.prepare_weights(
-            checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
-        )
-        assert matmul._row_padding is mode
-    finally:
-        matmul.set_row_padding(None)
+    prepared = loading.prepare_weights(
+        checkpoint(seed=0), config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device_api="cpu"
+    )
+    plan = runtime.for_device(
+        prepared.state_dict, prepared.plan, config, dtype=DType.float32, device=CPU(), graph_capture=capture
+    )
+    assert {part.row_padding for parts in plan.values() for part in parts} == {expected}
 
 
 def test_fold_summary_counts_the_w_eff_max_folds_at_load() -> None:
     """MAX evaluates the fold's weight-only expression once at load and keeps
-    its result (bench/graph_fold_cpu.py): the load line says the fold holds
+    its result (bench/checks/graph_fold_cpu.py): the load line says the fold holds
     theta plus a dense W_eff and reads the dense W_eff per token; GEMM does not."""
     import re
 
     from max.driver import CPU
     from max.dtype import DType
 
-    from attnquant import loading
+    from attnquant.load import pipeline as loading
 
     ckpt = checkpoint(seed=0, width=16)  # 7.5 MiB of projections: MiB figures not rounded to 0
 
     def summary(**changes) -> str:
         config = dataclasses.replace(BASE, blocks=1, rank=3, **changes)
         return loading.prepare_weights(
-            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
-        ).summary
+            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device_api="cpu"
+        ).report.line()
 
     def figures(line: str, what: str, unit: str) -> tuple[float, float]:
         found = re.search(rf"{what} ([\d.]+) {unit} -> ([\d.]+) {unit}", line)
@@ -261,7 +263,7 @@ PADDED: list[tuple] = []
 
 CASES = {  # together: every path, fused and unfused groups, R = 0 and R > 0, shared and passthrough
     "gemm-G1-R3": dict(gemm=True, blocks=1, rank=3),
-    "gemm-G1-R3-rows-padded": dict(gemm=True, blocks=1, rank=3),  # see build_stack
+    "gemm-G1-R3-rows-padded": dict(gemm=True, blocks=1, rank=3, row_padding=True),  # see build_stack
     "fold-G1-R0-unfused": dict(precompute=True, blocks=1, rank=0, qkv_fuse=False),
     "generated-fused-mlp-G1-R3": dict(gemm=False, blocks=1, rank=3, fused_mlp=True),
     "generated-passthrough": dict(gemm=False, blocks=LAYERS, fused_mlp=False),
@@ -279,15 +281,21 @@ def served() -> dict[str, tuple]:
     from max.experimental.tensor import Tensor, default_device
     from max.graph import DeviceRef, TensorType
 
-    from attnquant import loading
+    from attnquant.graph import runtime
+    from attnquant.load import pipeline as loading
 
     prepared, state = {}, {}
     for i, (case, changes) in enumerate(CASES.items()):
         config = dataclasses.replace(BASE, **changes)
         ckpt = checkpoint(seed=i)
-        prepared[case] = (config, ckpt, loading.prepare_weights(
-            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device=CPU()
-        ))  # fmt: skip
+        weights = loading.prepare_weights(
+            ckpt, config, checkpoint_files=[], num_layers=LAYERS, dtype=DType.float32, device_api="cpu"
+        )
+        # Captured decode steps: the padded case's plan asks for the one-row branch.
+        plan = runtime.for_device(
+            weights.state_dict, weights.plan, config, dtype=DType.float32, device=CPU(), graph_capture=True
+        )
+        prepared[case] = (config, ckpt, dataclasses.replace(weights, plan=plan))
         for name, tensor in prepared[case][2].state_dict.items():
             state[f"cases.{i}.{name.removesuffix('.weight') if name == 'model.norm.weight' else name}"] = tensor
 
@@ -315,13 +323,13 @@ def served() -> dict[str, tuple]:
 @pytest.mark.max
 @pytest.mark.parametrize("case", list(CASES))
 def test_path_matches_precompute_outside(served: dict, case: str) -> None:
-    from attnquant.reconstruct import precompute_outside
+    from attnquant.load.precompute import precompute_outside
 
     config, ckpt, prepared, x, y = served[case]
     if case.endswith("rows-padded"):  # every GEMM part went through the padding, once
         assert len(PADDED) == sum(len(parts) for parts in prepared.plan.values())
     expected_path = "graph-fold" if config.precompute else ("gemm" if config.gemm else "generated")
-    assert f"path={expected_path} (" in prepared.summary
+    assert f"path={expected_path} (" in prepared.report.line()
     parts = [p for parts in prepared.plan.values() for p in parts]
     assert {p.kind for p in parts} == {"theta"}
     if config.blocks < LAYERS:
@@ -340,8 +348,8 @@ def test_path_matches_precompute_outside(served: dict, case: str) -> None:
 
 
 def w_eff_float64(ckpt: dict[str, torch.Tensor], config: AttnQuantConfig) -> dict[str, torch.Tensor]:
-    from attnquant.projections import find_projections
-    from attnquant.theta import build_theta
+    from attnquant.formats.names import find_projections
+    from attnquant.formats.theta import build_theta
 
     keys = find_projections(ckpt)
     theta = build_theta(

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnquant.projections import ProjectionKey
-from attnquant.reconstruct import effective_weight, relative_error
-from attnquant.theta import ThetaBundle, band_size, build_theta, truncated_svd
+from attnquant.formats.names import ProjectionKey
+from attnquant.formats.theta import effective_weight, relative_error
+from attnquant.formats.theta import ThetaBundle, band_size, build_theta, truncated_svd
 
 SHAPES = {"q_proj": (64, 32), "k_proj": (32, 32), "v_proj": (32, 32), "o_proj": (32, 64)}
 
@@ -139,49 +139,3 @@ def test_bad_arguments_are_rejected() -> None:
         build_theta(weights, blocks=1, rank=1, num_layers=2)
 
 
-def test_bundle_round_trips_through_a_file(tmp_path: Path) -> None:
-    weights = drifting_weights(4, torch.bfloat16)
-    bundle = build_theta(weights, blocks=2, rank=3, num_layers=4, source="ckpt-abc")
-    path = tmp_path / "theta.safetensors"
-    bundle.save(path)
-    loaded = ThetaBundle.load(path, blocks=2, rank=3, source="ckpt-abc")
-    assert (loaded.blocks, loaded.rank, loaded.num_layers, loaded.source) == (2, 3, 4, "ckpt-abc")
-    assert loaded.shared.keys() == bundle.shared.keys()
-    for name, w0 in bundle.shared.items():
-        assert torch.equal(loaded.shared[name], w0) and loaded.shared[name].dtype == torch.bfloat16
-    for key in weights:
-        assert torch.equal(
-            reconstruct(loaded, key, torch.bfloat16), reconstruct(bundle, key, torch.bfloat16)
-        )
-
-
-def test_passthrough_bundle_round_trips(tmp_path: Path) -> None:
-    weights = drifting_weights(2, torch.bfloat16)
-    build_theta(weights, blocks=None, rank=16, num_layers=2).save(tmp_path / "t.safetensors")
-    loaded = ThetaBundle.load(tmp_path / "t.safetensors", blocks=None, rank=16)
-    for key, weight in weights.items():
-        assert torch.equal(reconstruct(loaded, key, torch.bfloat16), weight)
-
-
-@pytest.mark.parametrize(("blocks", "rank"), [(4, 3), (2, 8), (None, 3)])
-def test_loading_with_other_blocks_or_rank_lists_the_offenders(
-    tmp_path: Path, blocks: int | None, rank: int
-) -> None:
-    path = tmp_path / "theta.safetensors"
-    build_theta(drifting_weights(4), blocks=2, rank=3, num_layers=4).save(path)
-    with pytest.raises(ValueError, match=r"built with G=2, R=3") as error:
-        ThetaBundle.load(path, blocks=blocks, rank=rank)
-    message = str(error.value)
-    assert all(f"{family} (layers 0-3" in message for family in ("q", "k", "v", "o"))
-    assert f"ATTNQUANT_BLOCKS={4 if blocks is None else blocks}" in message
-
-
-def test_loading_checks_source_and_format(tmp_path: Path) -> None:
-    path = tmp_path / "theta.safetensors"
-    build_theta(drifting_weights(2), blocks=1, rank=1, num_layers=2, source="a").save(path)
-    with pytest.raises(ValueError, match="built from checkpoint 'a', not 'b'"):
-        ThetaBundle.load(path, blocks=1, rank=1, source="b")
-    garbage = tmp_path / "garbage.safetensors"
-    garbage.write_bytes(b"not a safetensors file")
-    with pytest.raises(ValueError, match="cannot read theta bundle"):
-        ThetaBundle.load(garbage, blocks=1, rank=1)

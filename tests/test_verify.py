@@ -21,11 +21,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from attnquant import verify
-from attnquant.checkpoint import load_state_dict, safetensors_files
-from attnquant.cli import build_parser, main
-from attnquant.corpus import DEFAULT_TEXT_PATH, default_text, load_text
-from attnquant.demo_model import ensure_demo_model
+from attnquant.tools import verify
+from attnquant.load.checkpoint import load_state_dict, safetensors_files
+from attnquant.tools.cli import build_parser, main
+from attnquant.tools.corpus import DEFAULT_TEXT_PATH, default_text, load_text
+from attnquant.tools.demo_model import ensure_demo_model
 
 JSON_KEYS = {
     "kl_mean", "kl_median", "kl_p99", "top1_agreement",

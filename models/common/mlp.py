@@ -7,11 +7,10 @@ from max.experimental.nn import Module
 from max.experimental.nn.common_layers.activation import activation_function_from_name
 from max.experimental.tensor import Tensor
 
-from attnquant import generated_ops
-from attnquant.linear import ProjectionGroup, build_projection
-from attnquant.reconstruction_path import GENERATED_MLP
-from attnquant.runtime_layout import PartPlan
-from attnquant.theta_linear import GeneratedThetaProjection
+from attnquant.graph import generated
+from attnquant.graph.projections import ProjectionGroup, build_projection
+from attnquant.graph.theta import GeneratedThetaProjection
+from attnquant.plan import GENERATED_MLP, PartPlan
 
 
 class ProjectedMLP(Module[[Tensor], Tensor]):
@@ -42,9 +41,9 @@ class GeneratedMLP(Module[[Tensor], Tensor]):
 
     def __init__(self, gate_up: tuple[PartPlan, ...], down: tuple[PartPlan, ...], activation: str) -> None:
         super().__init__()
-        if activation not in generated_ops.MLP_ACTIVATIONS:
+        if activation not in generated.MLP_ACTIVATIONS:
             raise ValueError(
-                f"generated_mlp implements {generated_ops.MLP_ACTIVATIONS}, not {activation!r}; "
+                f"generated_mlp implements {generated.MLP_ACTIVATIONS}, not {activation!r}; "
                 "set ATTNQUANT_FUSED_MLP=0"
             )
         gate, up = gate_up
@@ -53,7 +52,7 @@ class GeneratedMLP(Module[[Tensor], Tensor]):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj
-        return generated_ops.generated_mlp(
+        return generated.generated_mlp(
             x, gate.theta_args(), up.theta_args(), self.down_proj.theta_args()
         )
 

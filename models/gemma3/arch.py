@@ -11,11 +11,12 @@ from __future__ import annotations
 from max.graph.weights import WeightsFormat
 from max.pipelines.context import TextContext
 from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
-from max.pipelines.lib import SupportedArchitecture, TextTokenizer
+from max.pipelines.lib import SupportedArchitecture
 from max.pipelines.modeling.types import PipelineTask
 
-from attnquant.memory import with_served_weights_size
+from attnquant.load.memory import with_served_weights_size
 
+from ..common.tokenizer import AttnQuantTextTokenizer
 from . import weight_adapters
 from .inputs import AttnQuantGemma3BatchProcessor
 from .model import AttnQuantGemma3Model
@@ -28,7 +29,8 @@ gemma3_arch = SupportedArchitecture(
     supported_encodings=AttnQuantGemma3Config.SUPPORTED_ENCODINGS,
     pipeline_model=AttnQuantGemma3Model,
     task=PipelineTask.TEXT_GENERATION,
-    tokenizer=TextTokenizer,
+    # MAX's, refusing prompt ids outside the vocabulary (HTTP 400) and missing tokenizer files.
+    tokenizer=AttnQuantTextTokenizer,
     context_type=TextContext,
     default_weights_format=WeightsFormat.safetensors,
     multi_gpu_supported=False,

@@ -1,14 +1,13 @@
 """Gemma 3 pipeline model: MAX's ModuleV3 Gemma 3 with attnquant projections.
 
 Load time (``_prepare_state_dict``) runs attnquant's pipeline once: theta ->
-W_eff -> optional NVFP4 -> fused run-time layout. Build time
-(``_instantiate_module``) builds MAX's Gemma 3 and swaps each layer's
-attention and MLP for modules made from the resulting projection plan.
+W_eff -> optional NVFP4 -> fused run-time layout, converted for the device.
+Build time (``_instantiate_module``) builds MAX's Gemma 3 and swaps each
+layer's attention and MLP for modules made from the resulting projection plan.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any, ClassVar
 
 from max.experimental.sharding import DeviceMesh
@@ -16,17 +15,15 @@ from max.experimental.tensor import default_device
 from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3
 from max.pipelines.architectures.gemma3_modulev3.model import Gemma3Model
 
-from attnquant import loading
-from attnquant.config import AttnQuantConfig
-from attnquant.max_compat import weight_files
-from attnquant.theta_linear import shared_blocks
+from attnquant.graph.theta import shared_blocks
 
+from attnquant.load.head import OutputHead
+
+from ..common.mlp import build_mlp
+from ..common.prepare import prepare_for_device, use_output_head
 from .inputs import AttnQuantGemma3BatchProcessor
 from .layers.attention import ProjectedGemma3Attention
-from ..common.mlp import build_mlp
 from .model_config import AttnQuantGemma3Config
-
-logger = logging.getLogger("attnquant")
 
 
 class AttnQuantGemma3Model(Gemma3Model):
@@ -55,14 +52,15 @@ class AttnQuantGemma3Model(Gemma3Model):
     def _prepare_state_dict(
         self, state_dict: dict[str, Any], model_config: AttnQuantGemma3Config
     ) -> dict[str, Any]:
-        prepared = loading.prepare_weights(
+        prepared = prepare_for_device(
             state_dict,
-            AttnQuantConfig.from_env(),
-            checkpoint_files=weight_files(self.weights),
+            model_config.attnquant,
+            weights=self.weights,
             num_layers=model_config.num_hidden_layers,
             dtype=model_config.dtype,
             device=self.devices[0],
             graph_capture=self.pipeline_config.runtime.device_graph_capture,
+            head=output_head(model_config),
         )
         model_config.projection_plan = prepared.plan
         return prepared.state_dict
@@ -84,4 +82,13 @@ class AttnQuantGemma3Model(Gemma3Model):
                     down=plan[f"{prefix}.mlp.down_proj"],
                     activation=model_config.hidden_activation,
                 )
+            use_output_head(module.language_model, plan[output_head(model_config).group])
         return module
+
+
+def output_head(model_config: AttnQuantGemma3Config) -> OutputHead:
+    """Our Gemma 3's output head: ``lm_head`` beside the embedding, tied unless
+    the checkpoint has a head of its own (MAX's rule, ``finalize``)."""
+    return OutputHead(
+        "language_model.lm_head", "language_model.embed_tokens.weight", tied=model_config.tie_word_embeddings
+    )

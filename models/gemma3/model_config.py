@@ -1,15 +1,20 @@
-"""Gemma 3 configuration: MAX's, plus what attnquant decided at load."""
+"""Gemma 3 configuration: MAX's, plus attnquant's settings and load-time plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from max.pipelines.architectures.gemma3_modulev3.model_config import Gemma3Config
+from max.pipelines.lib import PipelineConfig
 from max.pipelines.modeling.config_enums import SupportedEncoding
+from typing_extensions import Self
 
+from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import DevicesFromMesh
-from attnquant.runtime_layout import ProjectionPlan
+from attnquant.plan import ProjectionPlan
+
+from ..common.prepare import read_settings
 
 
 @dataclass(kw_only=True)
@@ -23,5 +28,15 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
 
     SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
 
+    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
+    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
     projection_plan: ProjectionPlan = field(default_factory=dict)
-    """Per projection group, its run-time parts (see attnquant.runtime_layout)."""
+    """Per projection group, its run-time parts (see attnquant.plan)."""
+
+    @classmethod
+    def initialize_from_config(
+        cls, pipeline_config: PipelineConfig, huggingface_config: Any, *, max_seq_len: int
+    ) -> Self:
+        config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
+        config.attnquant = read_settings()
+        return config

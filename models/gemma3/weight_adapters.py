@@ -1,7 +1,7 @@
 """Hugging Face Gemma 3 names -> the names of our module tree.
 
 Same renames as MAX's ModuleV3 Gemma 3; the projection tensors are renamed
-too and fused later by ``attnquant.runtime_layout`` (it works on any prefix).
+too and fused later by ``attnquant.load.fuse`` (it works on any prefix).
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ from max.pipelines.architectures.unified_mtp_gemma4_modulev3.arch import (
 )
 from max.pipelines.lib import SupportedArchitecture
 
-from ..registration import with_module_v3_twin
-from attnquant.config import AttnQuantConfig
-from attnquant.memory import with_served_weights_size
+from attnquant.load.memory import with_served_weights_size
 
+from ..common.tokenizer import AttnQuantGemma4Tokenizer
+from ..registration import with_module_v3_twin
 from . import weight_adapters
 from .inputs import AttnQuantGemma4BatchProcessor
 from .model import AttnQuantGemma4Model
@@ -41,6 +41,8 @@ from .speculative import (
 )
 
 _OURS = dict(
+    # MAX's, refusing prompt ids outside the vocabulary (HTTP 400) and missing tokenizer files.
+    tokenizer=AttnQuantGemma4Tokenizer,
     default_encoding="bfloat16",
     supported_encodings=AttnQuantGemma4Config.SUPPORTED_ENCODINGS,
     config=AttnQuantGemma4Config,
@@ -48,13 +50,12 @@ _OURS = dict(
 )
 
 # Our inputs define the buffer ABI (inputs.py), so the text model's decode
-# step can be captured (MAX's own ModuleV3 Gemma 4 cannot). Declared unless
-# ATTNQUANT_GEMMA4_GRAPH_CAPTURE=0; MAX then captures by default on CUDA.
-# Checked on the H200 (docs/throughput.md, run 7): same greedy text with
-# capture on and off, NVFP4 decode 1.44x faster captured.
+# step can be captured (MAX's own ModuleV3 Gemma 4 cannot); MAX then captures
+# by default on CUDA (--no-device-graph-capture turns it off). On the H200 the
+# greedy text is the same with capture on and off (docs/performance.md).
 _TEXT_MODEL = dict(
     batching=AttnQuantGemma4BatchProcessor,
-    supports_device_graph_capture=AttnQuantConfig.from_env().gemma4_graph_capture,
+    supports_device_graph_capture=True,
 )
 
 # Image/video + text (google/gemma-4-31B-it): the text tower is ours, the

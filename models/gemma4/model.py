@@ -2,7 +2,7 @@
 
 Load time (``_create_model_config``, before either tower compiles) runs
 attnquant's pipeline once over the language weights: theta -> W_eff ->
-optional NVFP4 -> fused run-time layout. Build time
+optional NVFP4 -> fused run-time layout, converted for the device. Build time
 (``_compile_language_model``) builds MAX's Gemma 4 text model and swaps each
 layer's attention and MLP for modules made from the resulting projection
 plan. The vision tower, when the checkpoint has one, is MAX's, untouched.
@@ -10,37 +10,38 @@ plan. The vision tower, when the checkpoint has one, is MAX's, untouched.
 
 from __future__ import annotations
 
-from max.driver import Device
-
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
+
+from max.driver import Device
 
 from max.experimental import functional as F
 from max.experimental.sharding import DeviceMesh
 from max.experimental.tensor import default_device, default_dtype
 from max.graph import DeviceRef
 from max.graph.weights import Weights
-from max.pipelines.architectures.gemma4.model_config import (
-    Gemma4ForConditionalGenerationConfig,
-)
 from max.pipelines.architectures.gemma4_modulev3.batch_processor import (
     Gemma4ModuleV3BatchProcessor,
 )
 from max.pipelines.architectures.gemma4_modulev3.gemma4 import Gemma4, Gemma4TextModel
 from max.pipelines.architectures.gemma4_modulev3.model import Gemma4Model
 
-from attnquant import loading
-from attnquant.config import AttnQuantConfig
-from attnquant.max_compat import weight_files
-from attnquant.runtime_layout import ProjectionPlan
-from attnquant.theta_linear import shared_blocks
-from models.common.mlp import build_mlp
+from attnquant.config import LOGGER_NAME
+from attnquant.graph.theta import shared_blocks
+from attnquant.load.head import OutputHead
+from attnquant.load.pipeline import PreparedWeights
+from attnquant.plan import ProjectionPlan
 
+from ..common.mlp import build_mlp
+from ..common.prepare import prepare_for_device, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config
 from .weight_adapters import check_language_tensors
 
+
+logger = logging.getLogger(LOGGER_NAME)
 
 # Where MAX's ModuleV3 Gemma 4 keeps its text decoder; the names attnquant
 # prepares (and caches) the language weights under, in every Gemma 4 path.
@@ -49,33 +50,35 @@ LANGUAGE_PREFIX = "language_model."
 
 def prepare_language_weights(
     weights: Mapping[str, Any],
-    config: Gemma4ForConditionalGenerationConfig,
+    config: AttnQuantGemma4Config,
     checkpoint: Weights,
     device: Device,
     graph_capture: bool | None = None,
-) -> loading.PreparedWeights:
+) -> PreparedWeights:
     """attnquant's load-time pipeline over one Gemma 4 language tower.
 
     ``weights`` are named as in MAX's ModuleV3 tree (``language_model.layers.N...``);
     the result keeps those names, with each layer's q|k(|v) and gate|up fused.
     """
     check_language_tensors(weights)
-    prepared = loading.prepare_weights(
-        weights,
-        AttnQuantConfig.from_env(),
-        checkpoint_files=weight_files(checkpoint),
-        num_layers=config.text_config.num_hidden_layers,
-        dtype=config.dtype,
-        device=device,
-        graph_capture=graph_capture,
-    )
-    loading.logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
+    prepared = prepare_for_device(
+        weights, config.attnquant, weights=checkpoint, num_layers=config.text_config.num_hidden_layers,
+        dtype=config.dtype, device=device, graph_capture=graph_capture, head=output_head(config),
+    )  # fmt: skip
+    logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
     if config.vision_config is None:
         # With no vision tower, unquantized_dtype only types the (empty)
         # image-embedding input; keep it the served dtype so a float32 CPU
         # graph holds no bfloat16 tensor.
         config.unquantized_dtype = config.dtype
     return prepared
+
+
+def output_head(config: AttnQuantGemma4Config) -> OutputHead:
+    """Gemma 4's output head, tied to the embedding as MAX's config says."""
+    return OutputHead(
+        f"{LANGUAGE_PREFIX}lm_head", f"{LANGUAGE_PREFIX}embed_tokens.weight", tied=config.tie_word_embeddings
+    )
 
 
 def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
@@ -121,6 +124,7 @@ def use_projections(text_model: Gemma4TextModel, plan: ProjectionPlan, *, activa
                 down=plan[f"{layer}.mlp.down_proj"],
                 activation=activation,
             )
+        use_output_head(text_model, plan[f"{LANGUAGE_PREFIX}lm_head"])
 
 
 def single_device_mesh(devices: list[Any]) -> DeviceMesh:

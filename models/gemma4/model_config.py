@@ -18,7 +18,10 @@ from max.pipelines.modeling.config_enums import SupportedEncoding
 from transformers import AutoConfig
 from typing_extensions import Self
 
-from attnquant.runtime_layout import ProjectionPlan
+from attnquant.config import AttnQuantConfig
+from attnquant.plan import ProjectionPlan
+
+from ..common.prepare import read_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'
 # ``Gemma4UnifiedTextConfig`` (the google/gemma-4-12B-it line) does not
@@ -102,8 +105,10 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
 
     SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
 
+    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
+    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
     projection_plan: ProjectionPlan = field(default_factory=dict)
-    """Per projection group, its run-time parts (see attnquant.runtime_layout)."""
+    """Per projection group, its run-time parts (see attnquant.plan)."""
 
     @classmethod
     def initialize_from_config(
@@ -115,6 +120,6 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
     ) -> Self:
         fill_unified_text_defaults(huggingface_config.text_config)
         check_supported(huggingface_config)
-        return super().initialize_from_config(
-            pipeline_config, huggingface_config, max_seq_len=max_seq_len
-        )
+        config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
+        config.attnquant = read_settings()
+        return config

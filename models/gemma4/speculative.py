@@ -16,9 +16,9 @@ unquantized target. So:
 
 from __future__ import annotations
 
-from max.driver import Device
-
 from typing import Any, ClassVar
+
+from max.driver import Device
 
 from max.experimental import functional as F
 from max.experimental.tensor import default_device, default_dtype
@@ -36,12 +36,12 @@ from max.pipelines.lib import PipelineConfig
 from transformers import AutoConfig
 from typing_extensions import Self
 
-from attnquant import loading
-from attnquant.runtime_layout import ProjectionPlan
+from attnquant.plan import ProjectionPlan
 
 from .model import (
     LANGUAGE_PREFIX,
     AttnQuantGemma4Model,
+    logger,
     prepare_language_weights,
     single_device_mesh,
     use_projections,
@@ -51,9 +51,9 @@ from .model_config import AttnQuantGemma4Config
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
 MTP_ON_GPU_UNVERIFIED = (
     "attnquant: Gemma 4 with an MTP drafter on a GPU is unverified: on an H200 with random "
-    "weights most completions came back without text (docs/throughput.md, run 8; cause not "
-    "found). Compare a few greedy completions with the same server started without "
-    "--draft-model before relying on it."
+    "weights most completions came back without text, cause not found (docs/performance.md). "
+    "Compare a few greedy completions with the same server started without --draft-model "
+    "before relying on it."
 )
 REFUSED_TARGETS = (
     "UnifiedDSparkGemma4_31BForCausalLM",
@@ -64,7 +64,7 @@ REFUSED_TARGETS = (
 
 def prepare_target_weights(
     target: dict[str, Any],
-    config: Gemma4ForConditionalGenerationConfig,
+    config: AttnQuantGemma4Config,
     checkpoint: Weights,
     device: Device,
     graph_capture: bool | None = None,
@@ -109,10 +109,9 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
 
     # MAX's base initializes this class first, in the model worker, from a
     # config it has just parsed; MAX's own class reads fields a
-    # ``gemma4_unified`` text config lacks (AttributeError: no 'num_experts',
-    # seen on the H200, run 8). Ours fills them in that shared config object
-    # (so MAX's parse in _create_model_config finds them) and refuses what we
-    # do not serve.
+    # ``gemma4_unified`` text config lacks (AttributeError: no 'num_experts').
+    # Ours fills them in that shared config object (so MAX's parse in
+    # _create_model_config finds them) and refuses what we do not serve.
     model_config_cls: ClassVar[type[Any]] = AttnQuantGemma4Config
 
     _served_target: dict[str, Any]
@@ -123,7 +122,7 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
     ) -> Gemma4ForConditionalGenerationConfig:
         single_device_mesh(self.devices)
         if not self.devices[0].is_host:
-            loading.logger.warning(MTP_ON_GPU_UNVERIFIED)
+            logger.warning(MTP_ON_GPU_UNVERIFIED)
         config = super()._create_model_config(state_dict)
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.

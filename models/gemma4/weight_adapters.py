@@ -2,7 +2,7 @@
 
 MAX's ModuleV3 converters already produce them (``language_model.layers.N.
 self_attn.q_proj.weight`` ...; the projections are fused later by
-``attnquant.runtime_layout``, which works on any prefix), so the registry's
+``attnquant.load.fuse``, which works on any prefix), so the registry's
 adapter is MAX's (``Gemma4Model`` itself splits language and vision weights
 with MAX's converters when it loads). What this module adds is the list of language tensors we know
 how to serve: anything else in a decoder layer (MoE experts, per-layer
@@ -18,6 +18,8 @@ from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
     convert_safetensor_state_dict,
 )
 
+from attnquant.formats.names import PROJECTION_PATH_PATTERN
+
 __all__ = ["check_language_tensors", "convert_safetensor_state_dict", "unsupported_tensors"]
 
 # Every tensor of a dense Gemma 4 decoder, below its prefix (``language_model.``
@@ -26,8 +28,8 @@ _SERVED = re.compile(
     r"(?:.*\.)?(?:"
     r"embed_tokens\.weight|norm\.weight|lm_head\.weight|"
     r"layers\.\d+\.(?:"
-    r"self_attn\.(?:[qkvo]_proj|q_norm|k_norm)\.weight|"
-    r"mlp\.(?:gate|up|down)_proj\.weight|"
+    rf"(?:{PROJECTION_PATH_PATTERN})\.weight|"
+    r"self_attn\.(?:q_norm|k_norm)\.weight|"
     r"(?:input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight|"
     r"layer_scalar"
     r"))$"

@@ -20,8 +20,8 @@ from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
     Gemma4Attention,
 )
 
-from attnquant.linear import build_projection
-from attnquant.runtime_layout import PartPlan
+from attnquant.graph.projections import build_projection
+from attnquant.plan import PartPlan
 
 from ...common.attention import per_head, rope_store_attend
 

@@ -1,0 +1,1 @@
+"""Pure torch, no MAX: the Gemma projection vocabulary, the NVFP4 format, theta."""

@@ -1,0 +1,160 @@
+"""What every NVFP4 backend shares: the layer config, the backend interface,
+and the token-count dispatch of the GPU backends.
+
+A backend computes ``y[M, N] = x[M, K] . W^T`` with
+``W = e2m1(code) * e4m3(block_scale) * global_scale`` from weights that
+arrive in the ModelOpt layout (packed uint8 ``[N, K/2]``, low nibble = even
+k; ``scale_bits`` uint8 ``[N, K/16]``, the raw float8_e4m3fn bits;
+``global_scale`` float32 ``[1]``). At load it may re-lay the bytes out for
+its kernel (``prepare_weights``); in the graph it runs (``apply``).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from max.dtype import DType
+from max.experimental import functional as F
+from max.experimental.tensor import Tensor
+from max.graph import DeviceRef, TensorType
+
+from attnquant.formats.nvfp4 import BLOCK_SIZE
+from attnquant.graph import matmul
+from attnquant.graph.ops import custom_op, rowwise_op
+from attnquant.max_compat import RowPadding
+from kernels.sm90_layout import check_modelopt_tensors, padded_shape
+
+GEMV_MAX_M = 16
+"""Above this many token rows the GPU backends dequantize once and use MAX's matmul."""
+
+
+class WeightLayout(enum.Enum):
+    MODELOPT = "modelopt"  # packed [N, K/2], scale_bits [N, K/16]
+    SM90 = "sm90"  # kernels.sm90_layout.prepare_weights(): tile-ordered, re-encoded
+
+    def shapes(self, n: int, k: int) -> tuple[list[int], list[int]]:
+        """The packed-weight and scale shapes of an [N, K] weight in this layout."""
+        if self is WeightLayout.SM90:
+            n, k = padded_shape(n, k)
+        return [n, k // 2], [n, k // BLOCK_SIZE]
+
+
+@dataclass(frozen=True)
+class NVFP4LayerConfig:
+    """What a backend needs to know about one projection.
+
+    Attributes:
+        n, k: output and input features of the (unpadded) weight.
+        act_dtype: dtype of the activations (and of the output).
+        device_api: ``"cpu"``, ``"cuda"`` or ``"hip"`` (``max.driver.Device.api``).
+        device_arch: e.g. ``"sm_90a"``; empty on CPU.
+        max_m: the largest number of activation rows the layer will see, if
+            known (only used to skip building the large-M branch).
+        gemv_only: GPU backends run their GEMV kernel at every M instead of
+            branching to dequantize + matmul above ``GEMV_MAX_M``
+            (``ATTNQUANT_NVFP4_DISPATCH=gemv``).
+        padding: how the large-M route's MAX matmul pads its rows.
+        layout: if set, only backends reading weights in this layout qualify
+            (for callers holding weights already laid out, e.g. benchmarks).
+    """
+
+    n: int
+    k: int
+    act_dtype: DType
+    device_api: str
+    device_arch: str = ""
+    max_m: int | None = None
+    gemv_only: bool = False
+    padding: RowPadding = RowPadding.OFF
+    layout: WeightLayout | None = None
+
+    @property
+    def cuda_capability(self) -> int:
+        """NVIDIA compute capability as 90 for sm_90a; 0 if not NVIDIA."""
+        match = re.fullmatch(r"sm_(\d+)[a-z]?", self.device_arch)
+        return int(match.group(1)) if self.device_api == "cuda" and match else 0
+
+
+class NVFP4Backend:
+    """One backend. Subclasses set ``name``/``layout`` and implement
+    ``can_implement`` and ``apply``; ``prepare_weights`` is the identity for
+    the ModelOpt layout."""
+
+    name: ClassVar[str]
+    layout: ClassVar[WeightLayout] = WeightLayout.MODELOPT
+
+    @classmethod
+    def can_implement(cls, config: NVFP4LayerConfig) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    @classmethod
+    def prepare_weights(cls, packed: torch.Tensor, scale_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Load time: the weight bytes as this backend's kernel reads them."""
+        check_modelopt_tensors(packed, scale_bits)
+        return packed, scale_bits
+
+    @classmethod
+    def apply(
+        cls, x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor, config: NVFP4LayerConfig
+    ) -> Tensor:
+        """Graph time: ``x @ dequant(W).T`` for ``x`` [M, K], in ``x``'s dtype."""
+        raise NotImplementedError
+
+
+def common_refusal(backend: type[NVFP4Backend], config: NVFP4LayerConfig) -> str | None:
+    """Why no backend of ``backend``'s layout can take ``config``, or None."""
+    if config.layout is not None and config.layout is not backend.layout:
+        return f"takes the {backend.layout.value} layout, weights are {config.layout.value}"
+    if config.k % BLOCK_SIZE != 0:
+        return f"K={config.k} is not a multiple of {BLOCK_SIZE}"
+    return None
+
+
+def gemv_or_dequant_matmul(
+    x: Tensor,
+    weights: list[Tensor],
+    config: NVFP4LayerConfig,
+    *,
+    gemv_op: str,
+    dequant_op: str,
+    weight_dtype: DType,
+) -> Tensor:
+    """The GEMV op for decode-sized M; for prefill, decode W once and use MAX's matmul."""
+    weights = matmul.in_enclosing_block(weights)
+
+    def gemv() -> Tensor:
+        return rowwise_op(gemv_op, x, weights, config.n)
+
+    def dequant_matmul() -> Tensor:
+        w = custom_op(dequant_op, x, weights, [config.n, config.k], weight_dtype)
+        # Every M here is above GEMV_MAX_M: the one-row branch would never run.
+        padding = RowPadding.OFF if config.padding is RowPadding.OFF else RowPadding.FIXED
+        return matmul.linear(x, w, padding)
+
+    return dispatch_on_m(x, config, gemv, dequant_matmul)
+
+
+def dispatch_on_m(
+    x: Tensor, config: NVFP4LayerConfig, small: Callable[[], Tensor], large: Callable[[], Tensor]
+) -> Tensor:
+    """``small()`` for M <= GEMV_MAX_M, else ``large()``. Decided while
+    building the graph when M is static (or ``config.max_m`` bounds it), at run
+    time with ``F.cond`` when M is symbolic; always ``small()`` (correct at
+    any M) with ``config.gemv_only``."""
+    if config.gemv_only:
+        return small()
+    m = x.shape[0]
+    bound = int(m) if matmul.is_static_dim(m) else config.max_m
+    if bound is not None and bound <= GEMV_MAX_M:
+        return small()
+    if matmul.is_static_dim(m):
+        return large()
+    pred = F.shape_to_tensor([m])[0] <= GEMV_MAX_M
+    out = TensorType(x.dtype, [m, config.n], DeviceRef.from_device(x.device))
+    (y,) = F.cond(pred, [out], small, large)
+    return y

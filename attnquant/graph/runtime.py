@@ -1,0 +1,121 @@
+"""Converting prepared weights for the serving device, once per load.
+
+The load pipeline (``attnquant.load``) produces device-independent weights:
+dense tensors, theta tensors and ModelOpt-layout NVFP4 (what the cache
+holds). This step makes the run-time decisions that depend on the device and
+records them in the plan, so the graph modules decide nothing again:
+
+* each NVFP4 part's backend (``attnquant.graph.nvfp4.choose_backend``),
+  with its bytes re-laid out for that backend's kernel;
+* how our MAX matmuls pad their token rows (``attnquant.max_compat.row_padding``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import MutableMapping
+
+import torch
+from max.driver import Device
+from max.dtype import DType
+
+from attnquant.config import AttnQuantConfig, LOGGER_NAME
+from attnquant.graph.nvfp4 import GEMV_MAX_M, NVFP4LayerConfig, choose_backend
+from attnquant.max_compat import SM90_ROW_TILE, RowPadding, device_arch, row_padding
+from attnquant.plan import PartPlan, ProjectionPlan, part_name
+
+logger = logging.getLogger(LOGGER_NAME)
+
+
+def for_device(
+    state_dict: MutableMapping[str, torch.Tensor],
+    plan: ProjectionPlan,
+    config: AttnQuantConfig,
+    *,
+    dtype: DType,
+    device: Device,
+    graph_capture: bool | None,
+) -> ProjectionPlan:
+    """The plan completed for ``device``; NVFP4 tensors in ``state_dict`` are
+    replaced, in place, by their backend's layout.
+
+    ``graph_capture``: whether MAX replays decode steps from a captured device
+    graph (``pipeline_config.runtime.device_graph_capture``; None: unknown).
+    """
+    api, arch = str(device.api), device_arch(device)
+    padding = row_padding(config.row_padding, dtype, api, arch, graph_capture)
+    _log_padding(padding, config.row_padding, arch or api)
+    converted: ProjectionPlan = {}
+    for group, parts in plan.items():
+        converted[group] = tuple(
+            _for_device(state_dict, part_name(group, i, len(parts)), part, config, dtype, api, arch, padding)
+            for i, part in enumerate(parts)
+        )
+    if any(part.kind == "nvfp4" for parts in converted.values() for part in parts):
+        advice = capture_off_advice(config.nvfp4_dispatch, api, graph_capture)
+        if advice:
+            logger.warning(advice)
+    return converted
+
+
+def _for_device(
+    state_dict: MutableMapping[str, torch.Tensor],
+    name: str,
+    part: PartPlan,
+    config: AttnQuantConfig,
+    dtype: DType,
+    api: str,
+    arch: str,
+    padding: RowPadding,
+) -> PartPlan:
+    part = dataclasses.replace(part, row_padding=padding.value)
+    if part.kind != "nvfp4":
+        return part
+    gemv_only = config.nvfp4_dispatch == "gemv"
+    layer = NVFP4LayerConfig(part.out_dim, part.in_dim, dtype, api, arch, gemv_only=gemv_only, padding=padding)
+    backend = choose_backend(layer)
+    packed, scales = backend.prepare_weights(state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"])
+    state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"] = packed, scales
+    return dataclasses.replace(part, backend=backend.name, gemv_only=gemv_only)
+
+
+def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | None) -> str | None:
+    """A warning when NVFP4 projections on a GPU keep their per-projection
+    token-count branch (``ATTNQUANT_NVFP4_DISPATCH=auto``) and the server runs
+    without device graph capture: uncaptured, every branch is a host-side
+    step. None when that cost does not apply (or capture is not known)."""
+    if dispatch != "auto" or device_api == "cpu" or graph_capture is not False:
+        return None
+    return (
+        "attnquant: NVFP4 on a GPU without device graph capture: each projection chooses "
+        "GEMV or dequantize+matmul with a run-time branch, a host-side step that costs "
+        "about 2.4 ms per decode step at Gemma 3 1B geometry on an H200 (docs/performance.md). "
+        "Remove --no-device-graph-capture (MAX captures attnquant's architectures by default), "
+        "or set ATTNQUANT_NVFP4_DISPATCH=gemv (no branch; prefill re-reads the weights every "
+        f"{GEMV_MAX_M} tokens)."
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _log_padding(padding: RowPadding, mode: bool | None, where: str) -> None:
+    if padding is RowPadding.OFF:
+        if mode is False and where.startswith("sm_90"):
+            logger.warning(
+                "attnquant: ATTNQUANT_ROW_PADDING=0 on %s: bf16 matmuls run unpadded, and MAX 26.7's "
+                "sm_90 matmul then gives wrong outputs for 2-63 token rows (modular/modular#6883). "
+                "Unset it unless your MAX has the fix.",
+                where,
+            )  # fmt: skip
+        return
+    why = "ATTNQUANT_ROW_PADDING=1" if mode else (
+        f"MAX 26.7's sm_90 matmul writes a partial {SM90_ROW_TILE}-row tile past its output, "
+        "modular/modular#6883"
+    )  # fmt: skip
+    how = "one row skips it (a branch, free in captured decode steps)" if padding is RowPadding.BRANCH else (
+        "no branch, as decode steps are not captured"
+    )  # fmt: skip
+    logger.info(
+        "attnquant: matmuls on %s: token rows padded to a multiple of %d (%s); %s", where, SM90_ROW_TILE, why, how
+    )

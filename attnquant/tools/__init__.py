@@ -1,0 +1,1 @@
+"""The ``attnquant`` command line and what it runs: quantize, verify, demo."""

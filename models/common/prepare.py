@@ -1,0 +1,63 @@
+"""What every attnquant architecture does at load: read the settings once,
+prepare the weights, convert them for the device."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from max.driver import Device
+from max.dtype import DType
+from max.graph.weights import Weights
+
+from attnquant.config import AttnQuantConfig
+from attnquant.graph import runtime
+from attnquant.graph.projections import build_output_head
+from attnquant.load import pipeline
+from attnquant.load.head import OutputHead
+from attnquant.max_compat import weight_files
+
+
+def read_settings() -> AttnQuantConfig:
+    """The ATTNQUANT_* settings, read once per load by the architecture's
+    config (``initialize_from_config``) and carried on it from there."""
+    settings = AttnQuantConfig.from_env()
+    settings.apply_log_level()
+    return settings
+
+
+def prepare_for_device(
+    state_dict: Mapping[str, Any],
+    settings: AttnQuantConfig,
+    *,
+    weights: Weights,
+    num_layers: int,
+    dtype: DType,
+    device: Device,
+    graph_capture: bool | None,
+    head: OutputHead,
+) -> pipeline.PreparedWeights:
+    """The load pipeline's weights and plan, converted for ``device``.
+
+    ``graph_capture``: ``pipeline_config.runtime.device_graph_capture``;
+    ``head``: where the model's output head is (the architecture computes it
+    through attnquant's matmul, with the plan's ``head.group`` entry).
+    """
+    prepared = pipeline.prepare_weights(
+        state_dict, settings, checkpoint_files=weight_files(weights), num_layers=num_layers,
+        dtype=dtype, device_api=str(device.api), device_id=device.id, head=head,
+    )  # fmt: skip
+    plan = runtime.for_device(
+        prepared.state_dict, prepared.plan, settings, dtype=dtype, device=device, graph_capture=graph_capture
+    )
+    return dataclasses.replace(prepared, plan=plan)
+
+
+def use_output_head(text_model: Any, parts: tuple[Any, ...]) -> None:
+    """Makes MAX's text model (``Gemma3TextModel``, ``Gemma4TextModel``) compute
+    its output head with attnquant's projection for ``parts`` instead of its
+    own tied matmul (MAX calls ``lm_head(h)`` once the head is untied; its
+    logit soft-capping and float32 cast stay as they are)."""
+    text_model.tie_word_embeddings = False
+    text_model.lm_head = build_output_head(parts, text_model.embed_tokens.weight)

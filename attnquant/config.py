@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -64,6 +65,21 @@ def _parse_fragments(raw: str) -> tuple[str, ...]:
     if any(not all(fragment.split(".")) for fragment in fragments):
         raise ValueError  # "a..b", ".mlp", "mlp."
     return tuple(sorted(fragments))
+
+
+def _parse_sm90_variant(raw: str) -> str:
+    value = raw.strip()
+    fields = value.split(":")
+    if not 1 <= len(fields) <= 4 or not all(f.lstrip("-").isdigit() for f in fields):
+        raise ValueError
+    return value
+
+
+def _parse_positive_float(raw: str) -> float:
+    value = float(raw.strip())
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError
+    return value
 
 
 def _parse_log_level(raw: str) -> str:
@@ -168,6 +184,19 @@ SETTINGS: tuple[Setting, ...] = (
         "kernel at every token count (no branch; prefill re-reads the weights every 16 tokens).",
     ),
     Setting(
+        "ATTNQUANT_SM90_VARIANT", "sm90_variant", _parse_sm90_variant, _constant(""),
+        "(measured)", "variant[:kw[:splitk[:pdl]]] integers",
+        "Developer override of the sm90 NVFP4 GEMV kernel variant for every layer (empty: the "
+        "fastest variant measured for each shape, docs/dev/kernels.md); layers it cannot run on "
+        "keep the original kernel, and the log says why.",
+    ),
+    Setting(
+        "ATTNQUANT_SM100_INPUT_SCALE", "sm100_input_scale", _parse_positive_float, _constant(1.0),
+        "1.0", "a number > 0",
+        "Blackwell (max-sm100 backend, W4A4): the static per-tensor scale activations are "
+        "quantized with (x / scale). Compile-checked only; no Blackwell GPU has run it.",
+    ),
+    Setting(
         "ATTNQUANT_ROW_PADDING", "row_padding", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
         "Pad the token rows of our MAX matmuls to a multiple of 64 (1 row stays 1): "
@@ -249,6 +278,8 @@ class AttnQuantConfig:
     scale_search: Literal["rtn", "mse"] = "rtn"
     prepare_device: Literal["auto", "cpu", "gpu"] = "auto"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
+    sm90_variant: str = ""
+    sm100_input_scale: float = 1.0
     row_padding: bool | None = None
     gemm: bool | None = None
     qkv_fuse: bool = True
@@ -340,7 +371,7 @@ def _display(setting: Setting, value: Any) -> str:
         return str(int(value))
     if isinstance(value, tuple):
         return ",".join(value) or "-"
-    return str(value)
+    return str(value) or "-"
 
 
 def settings_markdown_table() -> str:

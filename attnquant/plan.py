@@ -33,7 +33,7 @@ class PartPlan:
     """One run-time matmul: consecutive members of a fused group, of one kind.
 
     Fields up to ``reconstruction`` are written at load (``attnquant.load``);
-    ``backend``, ``gemv_only`` and ``row_padding`` when the weights are converted
+    ``backend``, ``gemv_only``, ``kernel_params`` and ``row_padding`` when the weights are converted
     for the serving device (``attnquant.graph.runtime``).
     """
 
@@ -57,6 +57,8 @@ class PartPlan:
     weights are laid out for that kernel."""
     gemv_only: bool = False
     """NVFP4 parts: the GEMV kernel at every token count (``ATTNQUANT_NVFP4_DISPATCH=gemv``)."""
+    kernel_params: tuple[tuple[str, int], ...] = ()
+    """NVFP4 parts: the backend's kernel parameters (the sm90 GEMV variant)."""
     row_padding: str = "off"
     """How our MAX matmuls on this part pad their token rows to full tiles (an
     ``attnquant.max_compat.RowPadding`` value; ``ATTNQUANT_ROW_PADDING``)."""

@@ -1,4 +1,4 @@
-"""The random benchmark checkpoints' weights (bench/random_checkpoint.py).
+"""The random benchmark checkpoints' weights (bench/checkpoints/random_checkpoint.py).
 
 The H200 figures rest on them: a Gemma 4 checkpoint whose model repeats a
 special token streamed no text and measured nothing (docs/throughput.md, run 5).

@@ -45,13 +45,15 @@ def test_every_variable_is_read() -> None:
         "ATTNQUANT_LM_HEAD": "NVFP4",
         "ATTNQUANT_PREPARE_DEVICE": "cpu",
         "ATTNQUANT_NVFP4_DISPATCH": "gemv",
+        "ATTNQUANT_SM90_VARIANT": "3:4:2",
+        "ATTNQUANT_SM100_INPUT_SCALE": "2.5",
         "ATTNQUANT_DEMO_MODEL_DIR": "/tmp/demo",
         "ATTNQUANT_IGNORE_UNKNOWN": "1",
     }
     assert AttnQuantConfig.from_env(env) == AttnQuantConfig(
         blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
         quant_ignore=("mlp", "self_attn.o_proj"), lm_head="nvfp4", scale_search="mse", prepare_device="cpu",
-        nvfp4_dispatch="gemv", gemm=True, row_padding=False, qkv_fuse=False, fused_mlp=False, cache=False,
+        nvfp4_dispatch="gemv", sm90_variant="3:4:2", sm100_input_scale=2.5, gemm=True, row_padding=False, qkv_fuse=False, fused_mlp=False, cache=False,
         cache_dir=Path("/tmp/aq"), log_level="DEBUG", demo_model_dir=Path("/tmp/demo"), ignore_unknown=True,
     )  # fmt: skip
     assert set(env) == {setting.env for setting in SETTINGS}, "every setting is exercised here"
@@ -73,6 +75,8 @@ def test_every_variable_is_read() -> None:
         ("ATTNQUANT_QUANT_IGNORE", "mlp,.o_proj", "dotted module-name fragments"),
         ("ATTNQUANT_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),
         ("ATTNQUANT_LM_HEAD", "int4", "bf16, nvfp4"),
+        ("ATTNQUANT_SM90_VARIANT", "fast", "variant[:kw[:splitk[:pdl]]]"),
+        ("ATTNQUANT_SM100_INPUT_SCALE", "-1", "a number > 0"),
     ],
 )
 def test_invalid_value_names_variable_value_and_allowed(
@@ -161,7 +165,7 @@ def test_documented_defaults_are_the_parsed_defaults() -> None:
     for setting in SETTINGS:
         value = getattr(defaults, setting.field)
         if (
-            setting.default_text not in ("layer count", "auto", "(empty)")
+            setting.default_text not in ("layer count", "auto", "(empty)", "(measured)")
             and setting.field not in ("cache_dir", "demo_model_dir")
         ):
             assert setting.parse(setting.default_text) == value, setting.env

@@ -203,3 +203,29 @@ def test_concurrent_requests_give_the_completions_of_requests_alone(served) -> N
     with ThreadPoolExecutor(len(CONCURRENT_PROMPTS)) as pool:
         together = list(pool.map(complete, CONCURRENT_PROMPTS))
     assert together == alone
+
+
+def test_a_modelopt_export_serves_the_tokens_of_quantizing_at_load(
+    served, model_dir: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`attnquant quantize` the 270M, serve the export with no ATTNQUANT_*
+    setting: its NVFP4 is served as stored, and the greedy tokens are those
+    of the original served with ATTNQUANT_QUANT=nvfp4 (and the same ignore
+    list). The graph is the same, so MAX compiles nothing new."""
+    from attnquant.tools import cli
+
+    name, server = served
+    ignore = {"nvfp4": [], "nvfp4_mlp_only": ["--ignore", "self_attn"]}.get(name)
+    if ignore is None:
+        pytest.skip("exports of the NVFP4 configurations")
+    export = tmp_path / "export"
+    assert cli.main(["quantize", str(model_dir), "--out", str(export), "--no-progress", *ignore]) == 0
+    stored = start_server(export, {"ATTNQUANT_CACHE_DIR": str(cache_dir)}, tmp_path / "serve-export.log")
+    try:
+        line = next(l for l in stored.log().splitlines() if "attnquant load:" in l)
+        assert ("NVFP4 126/126" if not ignore else "NVFP4 54/126") in line and "checkpoint weights" in line, line
+        for prompt in PROMPTS:
+            ours = stored.completion(prompt, max_tokens=12)["choices"][0]["text"]
+            assert ours == server.completion(prompt, max_tokens=12)["choices"][0]["text"], prompt
+    finally:
+        stored.stop()

@@ -7,7 +7,7 @@ activations and the fused MLP. Each case draws fresh random inputs and
 compares with a float64 torch reference of
 ``W = s[:, None] * W0 + u @ v.T``: y = x @ W.T (and, for the MLP,
 down(gelu_tanh(gate(x)) * up(x))). The GPU kernels are checked on the H200
-by bench/generated_linear_h200.py.
+by bench/checks/generated_linear_h200.py.
 """
 
 from __future__ import annotations

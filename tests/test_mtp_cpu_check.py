@@ -1,4 +1,4 @@
-"""bench/mtp_cpu_check.py's pieces that run without a server (the check itself
+"""bench/checks/mtp_cpu_check.py's pieces that run without a server (the check itself
 compiles two Gemma 4 servers: minutes, so it is a bench script, not a test)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_cpu_patches_still_apply_to_this_max() -> None:
     so this test session's MAX keeps its CPU refusals."""
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('p', {str(BENCH / 'mtp_cpu' / 'patches.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('p', {str(BENCH / 'checks' / 'mtp_cpu' / 'patches.py')!r})\n"
         "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p); p.apply(); p.apply()\n"
         "from max.pipelines.lib.pipeline_variants.overlap_text_generation import OverlapTextGenerationPipeline as O\n"
         "assert not any('does not support CPU' in str(c) for c in O.__init__.__code__.co_consts)\n"

@@ -5,13 +5,15 @@ The layout tests run in milliseconds and check, bit for bit, that what
 ModelOpt weight. The MAX tests compile one small graph on CPU (symbolic M,
 shared by every case) and compare the Mojo CPU op with a float64 reference
 on fresh random inputs. The GPU kernels are checked on the H200 by
-bench/nvfp4_gemv_h200.py; here they are only compiled for sm_90.
+bench/kernel_timing/nvfp4_gemv_h200.py; here they are only compiled for sm_90.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -139,6 +141,10 @@ BF16, F32 = DType.bfloat16, DType.float32
         (K.NVFP4LayerConfig(64, 128, F32, "cuda", "sm_90a"), "mojo-gpu"),
         (K.NVFP4LayerConfig(64, 128, BF16, "hip", "gfx942"), "mojo-gpu"),
         (K.NVFP4LayerConfig(64, 120, F32, "cpu"), None),
+        (K.NVFP4LayerConfig(128, 128, BF16, "cuda", "sm_100a"), "max-sm100"),
+        (K.NVFP4LayerConfig(128, 128, BF16, "cuda", "sm_100a", layout=K.WeightLayout.SM90), "mojo-sm90"),
+        (K.NVFP4LayerConfig(128, 128, BF16, "cuda", "sm_120a"), "mojo-sm90"),
+        (K.NVFP4LayerConfig(128, 96, BF16, "cuda", "sm_100a"), "mojo-sm90"),
     ],
 )
 def test_chooser(config: K.NVFP4LayerConfig, expected: str | None) -> None:
@@ -157,7 +163,8 @@ def test_chooser_logs_its_choice_once(caplog: pytest.LogCaptureFixture) -> None:
         K.choose_backend(config)
     lines = [r.getMessage() for r in caplog.records if r.name == K.logger.name]
     assert len(lines) == 1
-    assert "using mojo-gpu" in lines[0] and "skipped mojo-sm90: takes the sm90 layout" in lines[0]
+    assert "using mojo-gpu" in lines[0] and "mojo-sm90: takes the sm90 layout" in lines[0]
+    assert "skipped max-sm100: takes the sm100 layout" in lines[0]
 
 
 def test_sm90_rejects_fp32_and_old_gpus() -> None:
@@ -165,6 +172,59 @@ def test_sm90_rejects_fp32_and_old_gpus() -> None:
     assert not ok and "bf16" in why
     ok, why = K.MojoSM90Backend.can_implement(K.NVFP4LayerConfig(64, 128, BF16, "cuda", "sm_75"))
     assert not ok and "sm_80" in why
+
+
+def layer(n: int, k: int, arch: str = "sm_90a", forced: str = "") -> K.NVFP4LayerConfig:
+    return K.NVFP4LayerConfig(n, k, BF16, "cuda", arch, sm90_variant=forced)
+
+
+@pytest.mark.parametrize(
+    "forced, config, params, why",
+    [
+        # nothing measured, nothing forced: the original kernels
+        ("", layer(1536, 1152), (), "no variant measured faster"),
+        ("3:4:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1)), "ATTNQUANT_SM90_VARIANT=3:4:1"),
+        ("1", layer(1536, 1152, "sm_80"), (("variant", 1), ("kw", 0), ("splitk", 0)), "ATTNQUANT_SM90_VARIANT=1"),
+        ("3:4:1:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1), ("pdl", 1)), "=3:4:1:1"),
+        # the fast variants cannot take these: the original kernels, and why
+        ("3:4:2", layer(1536, 1152), (), "cluster split-K variants fault on the H200"),
+        ("3:4:1", layer(1536, 1152, "sm_80"), (), "need sm_90"),
+        ("3", layer(24, 1152), (), "not whole 16x64 tiles"),
+        ("5", layer(1536, 1040), (), "not whole 16x64 tiles"),
+        ("7:4:4", layer(64, 128), (), "cluster split-K variants fault"),
+        ("9", layer(1536, 1152), (), "variant -1..8"),
+        ("3:4:3", layer(1536, 1152), (), "splitk 0/1/2/4"),
+        ("7:4:1:1", layer(1536, 1152), (), "needs a bulk-ring variant"),
+    ],
+)
+def test_sm90_variants_fall_back_with_a_reason(
+    forced: str, config: K.NVFP4LayerConfig, params: tuple, why: str
+) -> None:
+    config = dataclasses.replace(config, sm90_variant=forced)
+    got, reason = K.MojoSM90Backend.kernel_parameters(config)
+    assert got == params and why in reason, (got, reason)
+
+
+def test_sm90_measured_table_is_used_and_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnquant.graph.nvfp4 import sm90
+
+    monkeypatch.setitem(sm90.SM90_TUNED, (1152, 1024), (7, 8, 1))
+    params, reason = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024))
+    assert params == (("variant", 7), ("kw", 8), ("splitk", 1)) and "measured" in reason
+    params, reason = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024, "sm_86"))
+    assert params == () and "need sm_90" in reason
+
+
+def test_chooser_logs_the_fallback_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """An sm_100 device with a shape MAX's SM100 kernel cannot take (N not a
+    multiple of 128): the log line names the backend taken and why max-sm100
+    was skipped."""
+    config = K.NVFP4LayerConfig(1000, 1152, BF16, "cuda", "sm_100a")
+    K.choose_backend.cache_clear()
+    with caplog.at_level(logging.INFO, logger=K.logger.name):
+        assert K.choose_backend(config).name == "mojo-sm90"
+    line = [r.getMessage() for r in caplog.records if r.name == K.logger.name][0]
+    assert "skipped max-sm100: N=1000 is not a multiple of 128" in line
 
 
 # ---------------------------------------------------------------------------
@@ -254,26 +314,105 @@ def test_cpu_op_sees_every_input_element(cpu_graph) -> None:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.max
-def test_gpu_ops_compile_for_sm90(tmp_path: Path) -> None:
-    """Instantiates every op's GPU path (bench/nvfp4_ops_gpu_harness.mojo) for
-    sm_90 and checks the PTX: tensor-core mma, streaming 16-byte weight loads,
-    cp.async, and no local memory. CPU graphs never compile these branches."""
+@pytest.fixture(scope="module")
+def sm90_ptx(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Every op's GPU path (bench/checks/nvfp4_ops_gpu_harness.mojo: all GEMV
+    variants -1..8, every cluster split of 3-8) compiled for a virtual sm_90a."""
     mojo = shutil.which("mojo") or str(Path(__import__("sys").executable).parent / "mojo")
     if not Path(mojo).exists():
         pytest.skip("mojo compiler not installed")
+    out = tmp_path_factory.mktemp("sm90a")
     result = subprocess.run(
-        [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90", "--emit", "asm",
-         "-o", str(tmp_path / "h.s"), str(ROOT / "bench" / "nvfp4_ops_gpu_harness.mojo")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900, env=child_environment(),
+        [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90a", "--emit", "asm",
+         "-o", str(out / "h.s"), str(ROOT / "bench" / "checks" / "nvfp4_ops_gpu_harness.mojo")],
+        cwd=out, capture_output=True, text=True, timeout=900, env=child_environment(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    ptx = [p.read_text() for p in tmp_path.glob("*.ptx")]
-    assert len(ptx) >= 6, "expected gemv (3 variants), dequant and 2 generic kernels"
+    return sorted(out.glob("*.ptx"))
+
+
+@pytest.mark.max
+def test_gpu_ops_compile_for_sm90(sm90_ptx: list[Path]) -> None:
+    """The PTX of every op's GPU path: tensor-core mma, streaming 16-byte
+    weight loads, cp.async (the original kernels), bulk copies on mbarriers
+    and compile-time clusters of 2 and 4 with a DSMEM reduction, programmatic
+    dependent launch (the fast variants), and no local memory. CPU graphs
+    never compile these branches."""
+    ptx = [p.read_text() for p in sm90_ptx]
+    # 3 original GEMVs + 6 new variants x 3 splits + variant 3 with PDL x 3 splits
+    # + sm90 dequant + 2 generic kernels
+    assert len(ptx) == 27, f"expected 27 kernels, got {len(ptx)}"
     assert any("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in t for t in ptx)
     assert any("ld.global.nc.L1::no_allocate.v4.u32" in t for t in ptx)
     assert any("cp.async.cg.shared.global" in t for t in ptx)
+    bulk = [t for t in ptx if "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in t]
+    assert len(bulk) == 18, "variants 3-6 and 8 (and 3 with PDL), each with splitk 1, 2 and 4"
+    assert all("mbarrier.try_wait.parity.shared::cta.b64" in t for t in bulk)
+    for sk in (2, 4):
+        clustered = [t for t in ptx if f".reqnctapercluster 1, 1, {sk}" in t]
+        assert len(clustered) == 7, f"variants 3-8 (and 3 with PDL) with a (1, 1, {sk}) cluster"
+        assert all("mapa.shared::cluster" in t and "barrier.cluster.arrive" in t for t in clustered)
+    pdl = [t for t in ptx if "griddepcontrol.wait" in t]
+    assert len(pdl) == 3 and all("griddepcontrol.launch_dependents" in t for t in pdl)
     assert not any("local_depot" in t for t in ptx), "a kernel spills to local memory"
+
+
+@pytest.mark.max
+def test_gpu_ops_assemble_for_sm90a(sm90_ptx: list[Path], tmp_path: Path) -> None:
+    """ptxas (where installed) assembles every kernel for sm_90a without spills:
+    the PTX above is valid for the H200, not only well-formed."""
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas not installed")
+    for p in sm90_ptx:
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(p), "-o", str(tmp_path / "k.cubin")],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert r.returncode == 0, f"{p.name}: {r.stderr[-2000:]}"
+        spills = re.findall(r"(\d+) bytes spill stores", r.stderr)
+        assert spills and all(s == "0" for s in spills), f"{p.name} spills: {r.stderr[-800:]}"
+
+
+_SM90_GRAPH = """
+from max import driver
+driver.set_virtual_device_api("cuda")
+driver.set_virtual_device_target_arch("sm_90a")
+driver.set_virtual_device_count(1)
+import dataclasses
+from max.dtype import DType
+from max.engine import InferenceSession
+from max.experimental import compilation
+from max.experimental.sharding import TensorLayout
+from attnquant.graph import nvfp4 as K
+from attnquant.graph.ops import custom_extensions_path
+
+gpu = driver.Accelerator()
+session = InferenceSession(devices=[driver.CPU(), gpu])
+n, k = 1536, 1152
+config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True, sm90_variant="3:4:1:1")
+backend = K.choose_backend(config)
+params, _ = backend.kernel_parameters(config)
+assert backend.name == "mojo-sm90" and dict(params) == {"variant": 3, "kw": 4, "splitk": 1, "pdl": 1}, params
+config = dataclasses.replace(config, kernel_params=params)
+
+def forward(x, codes, scales, gs):
+    return K.apply(backend, x, (codes, scales, gs), config)
+
+types = [TensorLayout(DType.bfloat16, ["m", k], gpu), TensorLayout(DType.uint8, [n, k // 2], gpu),
+         TensorLayout(DType.uint8, [n, k // 16], gpu), TensorLayout(DType.float32, [1], gpu)]
+compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
+print("COMPILED sm_90a")
+"""
+
+
+@pytest.mark.max
+def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
+    """A forced fast variant (bulk ring, programmatic dependent launch)
+    compiles as a MAX graph for a virtual sm_90a: the
+    parameters the plan records reach the Mojo op (a child process, since the
+    virtual device is process-wide)."""
+    r = subprocess.run([__import__("sys").executable, "-c", _SM90_GRAPH], capture_output=True, text=True,
+                       timeout=1200, env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0 and "COMPILED sm_90a" in r.stdout, (r.stdout + r.stderr)[-4000:]
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Where load-time preparation runs (attnquant/prepare_device.py) and its CPU fallback.
 
-CI has no GPU: the GPU itself is exercised on the H200 (bench/prepare_device_check.py,
+CI has no GPU: the GPU itself is exercised on the H200 (bench/checks/prepare_device_check.py,
 and every NVFP4 server's first load there); here the choice, the errors and the
 fallback are checked with torch's CUDA queries patched.
 """
@@ -119,7 +119,7 @@ def test_unquantized_passthrough_projections_are_not_copied(tiny_gemma3_dir: Pat
 
 
 def test_device_check_warmup_is_a_checkpoint_preparation_accepts(tiny_gemma3_dir: Path) -> None:
-    """bench/prepare_device_check.py's warm-up slice is prepared, on the CPU here,
+    """bench/checks/prepare_device_check.py's warm-up slice is prepared, on the CPU here,
     whatever order the projections come in (a warm-up holding one layer-1
     tensor would be refused)."""
     from tests.bench_modules import bench_module

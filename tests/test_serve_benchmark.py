@@ -1,4 +1,4 @@
-"""The benchmark harness's cells (bench/serve_benchmark.py): what each server is given."""
+"""The benchmark harness's cells (bench/harness/serve_benchmark.py): what each server is given."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from max.dtype import DType
@@ -37,14 +37,25 @@ def _ops_for_current_graph() -> Path | None:
 
 
 def custom_op(
-    name: str, device_of: Tensor, operands: Sequence[Tensor], shape: Sequence[int | Dim], dtype: DType
+    name: str,
+    device_of: Tensor,
+    operands: Sequence[Tensor],
+    shape: Sequence[int | Dim],
+    dtype: DType,
+    parameters: Mapping[str, int] | None = None,
 ) -> Tensor:
-    """The single output of op ``name`` on ``device_of``'s device."""
+    """The single output of op ``name`` on ``device_of``'s device (``parameters``:
+    the op's compile-time parameters)."""
     out = TensorType(dtype, list(shape), DeviceRef.from_device(device_of.device))
-    (y,) = F.custom(name, device_of.device, list(operands), [out], custom_extensions=_ops_for_current_graph())
+    (y,) = F.custom(
+        name, device_of.device, list(operands), [out], parameters=dict(parameters) if parameters else None,
+        custom_extensions=_ops_for_current_graph(),
+    )  # fmt: skip
     return y
 
 
-def rowwise_op(name: str, x: Tensor, weights: Sequence[Tensor], n: int | Dim) -> Tensor:
+def rowwise_op(
+    name: str, x: Tensor, weights: Sequence[Tensor], n: int | Dim, parameters: Mapping[str, int] | None = None
+) -> Tensor:
     """Op ``name`` on ``x`` [M, K] and ``weights``, giving [M, n] in ``x``'s dtype."""
-    return custom_op(name, x, [x, *weights], [x.shape[0], n], x.dtype)
+    return custom_op(name, x, [x, *weights], [x.shape[0], n], x.dtype, parameters)

@@ -42,17 +42,18 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
         self.backend = nvfp4.backend_named(part.backend)
         self.padding = RowPadding(part.row_padding)
         self.gemv_only = part.gemv_only
+        self.kernel_params = part.kernel_params
         self.per_row_scale = part.per_row_scale
         packed_shape, scale_shape = self.backend.layout.shapes(n, k)
         self.weight = Tensor.zeros(packed_shape, dtype=DType.uint8)
-        self.weight_scale = Tensor.zeros(scale_shape, dtype=DType.uint8)
+        self.weight_scale = Tensor.zeros(scale_shape, dtype=self.backend.layout.scale_dtype)
         self.weight_scale_2 = Tensor.zeros([n if self.per_row_scale else 1], dtype=DType.float32)
         self.out_features, self.in_features = n, k
 
     def _linear(self, x: Tensor, global_scale: Tensor) -> Tensor:
         config = nvfp4.NVFP4LayerConfig(
             self.out_features, self.in_features, x.dtype, str(x.device.api), device_arch(x.device),
-            gemv_only=self.gemv_only, padding=self.padding,
+            gemv_only=self.gemv_only, padding=self.padding, kernel_params=self.kernel_params,
         )  # fmt: skip
         return nvfp4.apply(self.backend, x, (self.weight, self.weight_scale, global_scale), config)
 

@@ -74,11 +74,15 @@ def _for_device(
     if part.kind != "nvfp4":
         return part
     gemv_only = config.nvfp4_dispatch == "gemv"
-    layer = NVFP4LayerConfig(part.out_dim, part.in_dim, dtype, api, arch, gemv_only=gemv_only, padding=padding)
+    layer = NVFP4LayerConfig(
+        part.out_dim, part.in_dim, dtype, api, arch, gemv_only=gemv_only, padding=padding,
+        sm90_variant=config.sm90_variant, sm100_input_scale=config.sm100_input_scale,
+    )  # fmt: skip
     backend = choose_backend(layer)
     packed, scales = backend.prepare_weights(state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"])
     state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"] = packed, scales
-    return dataclasses.replace(part, backend=backend.name, gemv_only=gemv_only)
+    params, _ = backend.kernel_parameters(layer)
+    return dataclasses.replace(part, backend=backend.name, gemv_only=gemv_only, kernel_params=params)
 
 
 def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | None) -> str | None:

@@ -96,7 +96,7 @@ class FoldThetaProjection(ThetaTensors):
     """``ATTNQUANT_PRECOMPUTE=1``: ``W = s*W0 + U V^T`` in the graph, then ``x W^T``.
 
     ``W`` depends on weights only: MAX evaluates it once at load, not per
-    step (``bench/graph_fold_cpu.py``), so this serves a dense W_eff."""
+    step (``bench/checks/graph_fold_cpu.py``), so this serves a dense W_eff."""
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.w0 * self.scale.reshape([-1, 1])

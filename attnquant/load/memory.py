@@ -14,6 +14,7 @@ other way: it holds more than the checkpoint, and the estimate says so.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from attnquant.formats import nvfp4
-from attnquant.load.checkpoint import check_files, tensor_shapes
+from attnquant.load.checkpoint import check_files, read_config, tensor_shapes
 from attnquant.load.precompute import check_ignore_fragments
 from attnquant.config import AttnQuantConfig, LOGGER_NAME
 from attnquant.formats.names import ProjectionKey, is_ignored
@@ -30,10 +31,11 @@ logger = logging.getLogger(LOGGER_NAME)
 
 
 def _projection_sizes(model_dir: Path | str) -> Iterator[tuple[str, tuple[int, ...], int]]:
-    """(module name, shape, checkpoint bytes) of each 2-D projection weight."""
+    """(module name, shape, checkpoint bytes) of each 2-D projection weight the
+    checkpoint stores in a float dtype (one it stores as NVFP4 is served as is)."""
     for name, (shape, element_bytes) in tensor_shapes(model_dir).items():
         key = ProjectionKey.parse(name)
-        if key is not None and len(shape) == 2:
+        if key is not None and len(shape) == 2 and element_bytes > 1:
             yield key.module_name, shape, math.prod(shape) * element_bytes
 
 
@@ -110,6 +112,31 @@ def _log_once(served: int, checkpoint: int) -> None:
     )  # fmt: skip
 
 
+def check_quantization(model_path: str | Path) -> None:
+    """A checkpoint stored quantized must be NVFP4 in NVIDIA's ModelOpt layout
+    (what ``attnquant quantize`` and ``nvidia/*-NVFP4`` exports write).
+
+    Raises:
+        ValueError: naming the quantization the checkpoint declares.
+    """
+    config = read_config(model_path)
+    declared = config.get("quantization_config")
+    hf_quant = Path(model_path) / "hf_quant_config.json"
+    if declared is None and hf_quant.is_file():
+        declared = {"quant_method": "modelopt", **json.loads(hf_quant.read_text()).get("quantization", {})}
+    if declared is None:
+        return
+    method, algo = str(declared.get("quant_method", "")).lower(), str(declared.get("quant_algo", "")).upper()
+    if (method, algo) != ("modelopt", "NVFP4"):
+        raise ValueError(
+            f"{model_path} is quantized with {method or '?'}/{algo or '?'}; attnquant serves checkpoints stored "
+            "in bf16 (quantized at load) or in ModelOpt NVFP4 (quant_method modelopt, quant_algo NVFP4)"
+        )
+    group = declared.get("group_size", nvfp4.BLOCK_SIZE)
+    if group != nvfp4.BLOCK_SIZE:
+        raise ValueError(f"{model_path}: NVFP4 group_size {group}; NVFP4 blocks are {nvfp4.BLOCK_SIZE} values")
+
+
 def check_before_serving(model_path: str | Path, config: AttnQuantConfig) -> None:
     """What can be checked from a local checkpoint's headers before MAX starts
     a model worker: every safetensors file whole, every
@@ -120,6 +147,7 @@ def check_before_serving(model_path: str | Path, config: AttnQuantConfig) -> Non
     """
     if not Path(model_path).is_dir():
         return
+    check_quantization(model_path)
     check_files(Path(model_path).glob("*.safetensors"))
     keys = [key for name in tensor_shapes(model_path) if (key := ProjectionKey.parse(name)) is not None]
     check_ignore_fragments(config, keys)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import torch
 from max.dtype import DType
 
 from attnquant.config import AttnQuantConfig, LOGGER_NAME
+from attnquant.formats import nvfp4
 from attnquant.formats.names import ProjectionKey, find_projections
 from attnquant.formats.theta import band_size, build_theta
 from attnquant.load import prepare_device
@@ -30,7 +32,7 @@ from attnquant.load.checkpoint import checkpoint_identity
 from attnquant.load.fuse import to_runtime_layout
 from attnquant.load.head import OutputHead
 from attnquant.load.path import PathChoice, choose_path
-from attnquant.load.precompute import PrecomputeResult, check_ignore_fragments, precompute_outside
+from attnquant.load.precompute import PrecomputeResult, check_ignore_fragments, precompute_outside, quantized_tensors
 from attnquant.load.report import LoadReport
 from attnquant.max_compat import MIN_INNER_MULTIPLE
 from attnquant.plan import GENERATED_MLP, ProjectionPlan, ReconstructionPath
@@ -111,12 +113,17 @@ def prepare_weights(
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     keys = find_projections(tensors)
     check_ignore_fragments(config, keys)
+    stored = stored_nvfp4(tensors, keys)
+    if stored:
+        check_stored_nvfp4_servable(config, num_layers, choice)
+    float_keys = [key for key in keys if key not in stored]
     start = time.monotonic()
-    prepared = {key.weight_name for key in keys} | ({head.weight_name} if head else set())
+    # NVFP4 the checkpoint stores is served as stored: its tensors pass through.
+    prepared = {key.weight_name for key in float_keys} | ({head.weight_name} if head else set())
     others = {name: t for name, t in tensors.items() if name not in prepared}
     singles = (head.group,) if head else ()
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
-        served = _precomputed(tensors, keys, config, checkpoint_files, num_layers, device_api, device_id, head)
+        served = _precomputed(tensors, float_keys, config, checkpoint_files, num_layers, device_api, device_id, head)
         runtime, plan = to_runtime_layout(
             {**others, **served.tensors}, fuse=config.qkv_fuse, dtype=torch_dtype(dtype), singles=singles
         )
@@ -139,7 +146,7 @@ def prepare_weights(
     if not needs_precompute(config, num_layers, head):
         source = "checkpoint weights"
     report = LoadReport.measure(
-        before=tensors, served={**others, **served.tensors}, keys=keys, quantized=served.quantized,
+        before=tensors, served={**others, **served.tensors}, keys=keys, quantized=served.quantized + len(stored),
         path=str(choice), blocks=config.blocks or num_layers, num_layers=num_layers, rank=config.rank,
         quant=config.quant, source=source, layer_errors=served.layer_errors,
         folded=choice.path is ReconstructionPath.GRAPH_FOLD,
@@ -150,6 +157,57 @@ def prepare_weights(
     if (warning := report.theta_warning()) is not None:
         logger.warning(warning)
     return PreparedWeights(runtime, plan, report, served.hit)
+
+
+def stored_nvfp4(tensors: Mapping[str, torch.Tensor], keys: Sequence[ProjectionKey]) -> set[ProjectionKey]:
+    """The projections a (ModelOpt) checkpoint stores as NVFP4 already, each
+    checked: packed uint8 codes, E4M3 block scales one per 16 inputs, one
+    positive finite global scale.
+
+    Raises:
+        ValueError: naming the tensor that does not fit.
+    """
+    stored = set()
+    for key in keys:
+        module = key.module_name
+        if f"{module}.weight_scale" not in tensors:
+            continue
+        packed, scales = tensors[key.weight_name], tensors[f"{module}.weight_scale"]
+        global_scale = tensors.get(f"{module}.weight_scale_2")
+        problem = _stored_nvfp4_problem(packed, scales, global_scale)
+        if problem:
+            raise ValueError(f"{module}: {problem}; this is not an NVFP4 (ModelOpt) projection attnquant can serve")
+        stored.add(key)
+    return stored
+
+
+def _stored_nvfp4_problem(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor | None) -> str | None:
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        return f"weight is {packed.dtype} {list(packed.shape)}, not packed uint8 codes [N, K/2]"
+    n, k = packed.shape[0], 2 * packed.shape[1]
+    if k % nvfp4.BLOCK_SIZE:
+        return f"K = {k} is not a multiple of {nvfp4.BLOCK_SIZE}"
+    expected = [n, k // nvfp4.BLOCK_SIZE]
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8) or list(scales.shape) != expected:
+        return f"weight_scale is {scales.dtype} {list(scales.shape)}, not E4M3 {expected} (one scale per 16 inputs)"
+    bits = scales.view(torch.uint8)
+    if bool((bits & 0x80).any()) or bool(((bits & 0x7F) == 0x7F).any()):
+        return "weight_scale holds negative or NaN block scales"
+    if global_scale is None or global_scale.numel() != 1 or not global_scale.is_floating_point():
+        return "weight_scale_2 (the global scale) is missing or not one float"
+    if not math.isfinite(float(global_scale.float().reshape(()))) or float(global_scale.float().reshape(())) <= 0:
+        return f"weight_scale_2 = {float(global_scale.float().reshape(()))} is not a positive finite scale"
+    return None
+
+
+def check_stored_nvfp4_servable(config: AttnQuantConfig, num_layers: int, choice: PathChoice) -> None:
+    """Theta needs every projection's float weights: refused for a checkpoint storing NVFP4."""
+    if choice.path is not ReconstructionPath.PRECOMPUTE_OUTSIDE or (config.blocks or num_layers) < num_layers:
+        raise ValueError(
+            "this checkpoint stores NVFP4 projections, which attnquant serves as they are; theta "
+            "(ATTNQUANT_BLOCKS below the layer count, ATTNQUANT_PRECOMPUTE_OUTSIDE=0) needs the float "
+            "weights: unset those, or serve the unquantized checkpoint"
+        )
 
 
 def theta_tensors(
@@ -209,6 +267,9 @@ def _precomputed(
         head = dataclasses.replace(head, tied=False)
     if not needs_precompute(config, num_layers, head):
         return _Served({**projections, **as_is}, 0, {})
+    if not keys:  # every projection is stored as NVFP4: at most a head to quantize
+        packed = quantized_tensors(head.group, projections[head.weight_name], config) if head and not as_is else {}
+        return _Served({**as_is, **packed}, 0, {})
 
     def build() -> CacheEntry:
         logger.info("attnquant: computing served weights (%s)", config.describe(weights_only=True))

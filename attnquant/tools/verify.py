@@ -194,16 +194,6 @@ def candidate_env(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str,
     return {**with_weight_flags(args, env), "ATTNQUANT_QUANT": args.quant}
 
 
-def describe_weights(config: AttnQuantConfig) -> str:
-    """The settings that decide the served weights, e.g. ``quant=nvfp4 ...``."""
-    blocks = "layers" if config.blocks is None else str(config.blocks)
-    ignore = ",".join(config.quant_ignore) or "-"
-    return (
-        f"quant={config.quant} quant_ignore={ignore} scale_search={config.scale_search} "
-        f"blocks={blocks} rank={config.rank}"
-    )
-
-
 @contextmanager
 def _attnquant_environ(env: Mapping[str, str]) -> Iterator[None]:
     """Runs the block with exactly ``env``'s ATTNQUANT_* variables set (our MAX
@@ -354,11 +344,16 @@ class MaxSource:
             pipeline.release(context.request_id)
 
 
-def logit_source(path: str, model_dir: Path, env: Mapping[str, str]) -> LogitSource:
+def logit_source(path: str, model_dir: Path, env: Mapping[str, str], device: str = "cpu") -> LogitSource:
+    """Logits from ``path`` (``max`` or ``transformers``) on ``device``: the CPU
+    in float32, or the first GPU in bfloat16, the served dtype."""
+    gpu = device == "gpu"
     if path == "max":
-        return MaxSource(model_dir, env)
+        return MaxSource(model_dir, env, gpu=gpu)
     if path == "transformers":
-        return transformers_source(model_dir, env)
+        return transformers_source(
+            model_dir, env, device="cuda" if gpu else "cpu", dtype=torch.bfloat16 if gpu else torch.float32
+        )
     raise ValueError(f"--reference must be max or transformers, not {path!r}")
 
 
@@ -395,13 +390,14 @@ def measure(args: argparse.Namespace, env: Mapping[str, str]) -> Measurement:
     start = time.monotonic()
     if args.reference == "max":
         _say("building both models in MAX (a graph not compiled before takes minutes)")
-    reference = logit_source(args.reference, model_dir, reference_env(env))
-    candidate = logit_source(args.reference, model_dir, cand_env)
+    reference = logit_source(args.reference, model_dir, reference_env(env), args.device)
+    candidate = logit_source(args.reference, model_dir, cand_env, args.device)
     loaded = time.monotonic()
     report = compare(reference, candidate, windows, progress=not args.no_progress)
     description = (
-        f"{model_dir}: {describe_weights(candidate_config)} vs unquantized; "
-        f"{args.reference} logits; {len(windows)} windows of <= {args.window} tokens"
+        f"{model_dir}: {candidate_config.describe(weights_only=True)} vs unquantized; "
+        f"{args.reference} logits on {'the GPU, bfloat16' if args.device == 'gpu' else 'the CPU, float32'}; "
+        f"{len(windows)} windows of <= {args.window} tokens"
     )
     return Measurement(report, description, loaded - start, time.monotonic() - loaded)
 
@@ -458,6 +454,10 @@ def _add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--device", choices=("cpu", "gpu"), default="cpu",
+        help="where both models run: the CPU in float32 (default) or the first GPU in bfloat16",
+    )
     parser.add_argument(
         "--reference", choices=("max", "transformers"), default="max",
         help="where both models run: our MAX architecture (default) or transformers float32",

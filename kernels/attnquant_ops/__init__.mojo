@@ -3,6 +3,7 @@
 #   attnquant.nvfp4_matmul        ModelOpt layout, CPU (float32) + generic GPU
 #   attnquant.nvfp4_dequant       ModelOpt layout -> dense W[N, K], CPU + GPU
 #   attnquant.nvfp4_gemv_sm90     prepared layout, bf16, NVIDIA sm_80+ tensor cores
+#                                 (variants 3-8: sm_90 bulk copies / cluster split-K)
 #   attnquant.nvfp4_dequant_sm90  prepared layout -> bf16 W[N, K] (large-M route)
 #   attnquant.generated_linear    y = s * (x @ W0.T) + (x @ v) @ u.T, CPU + GPU
 #   attnquant.generated_mlp       down(gelu_tanh(gate(x)) * up(x)), each a theta
@@ -21,11 +22,11 @@ from .generated_linear import (
     generated_mlp_cpu,
     generated_mlp_gpu,
 )
+from .nvfp4_gemv_bulk import nvfp4_gemv_sm90_dispatch
 from .nvfp4_matmul import (
     nvfp4_dequant_cpu,
     nvfp4_dequant_generic_gpu,
     nvfp4_dequant_sm90,
-    nvfp4_gemv_sm90,
     nvfp4_matmul_cpu,
     nvfp4_matmul_generic_gpu,
 )
@@ -156,11 +157,15 @@ struct NVFP4GemvSM90:
     """Tensor-core NVFP4 GEMV on the prepared layout; fast for M <= 16, correct
     for any M (activation rows are processed in chunks of 8 or 16).
 
-    Parameters: variant (-1 = pick from M), kw (0 = pick warps along K)."""
+    Parameters: variant (-1 = pick from M; 0-8 force one kernel, see
+    nvfp4_gemv_bulk.mojo; each graph compiles only the kernels its variant can
+    launch), kw (0 = pick warps along K), splitk (variants 3-8: blocks of one
+    cluster along K, 1/2/4; 0 = pick), pdl (variants 3-6, 8: programmatic
+    dependent launch, weights fetched before waiting on the previous kernel)."""
 
     @staticmethod
     def execute[
-        target: StaticString, variant: Int = -1, kw: Int = 0
+        target: StaticString, variant: Int = -1, kw: Int = 0, splitk: Int = 0, pdl: Bool = False
     ](
         y: OutputTensor[dtype=DType.bfloat16, rank=2, ...],
         x: InputTensor[dtype=DType.bfloat16, rank=2, ...],
@@ -180,7 +185,7 @@ struct NVFP4GemvSM90:
         comptime if target == "cpu":
             raise Error("nvfp4_gemv_sm90 runs on NVIDIA GPUs only")
         else:
-            nvfp4_gemv_sm90(
+            nvfp4_gemv_sm90_dispatch[variant, pdl](
                 y.unsafe_ptr(),
                 x.unsafe_ptr(),
                 codes.unsafe_ptr(),
@@ -191,8 +196,8 @@ struct NVFP4GemvSM90:
                 k,
                 codes.dim_size(0) // 16,
                 codes.dim_size(1) // 32,
-                variant,
                 kw,
+                splitk,
                 ctx,
             )
 

@@ -757,7 +757,8 @@ def nvfp4_dequant_sm90_kernel(
         )
 
 
-# What the op launches (variant -1 picks from M; the bench can force one):
+# The op's dispatcher (nvfp4_gemv_sm90_dispatch) lives in nvfp4_gemv_bulk.mojo
+# with the issue-#24 kernels; its variants 0-2 are these:
 #   0: register-staged kernel, 1 m8 tile, 1 n-tile/warp, 4 k-groups per batch
 #      (M <= 8; best measured for M = 1..4 on every shape)
 #   1: cp.async kernel, 2 m8 tiles, 2 n-tiles/warp, 4-deep ring (M <= 16;
@@ -852,43 +853,6 @@ def _launch_async[
         shared_mem_bytes=smem,
         func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(smem)),
     )
-
-
-def nvfp4_gemv_sm90(
-    y: Pointer[mut=True, BFloat16, _],
-    x: Pointer[BFloat16, _],
-    codes: Pointer[UInt8, _],
-    scales: Pointer[UInt8, _],
-    global_scale: Pointer[Float32, _],
-    m_rows: Int,
-    n_rows: Int,
-    k: Int,
-    n_tiles: Int,
-    k_groups: Int,
-    variant: Int,
-    kw_override: Int,
-    ctx: DeviceContext,
-) raises:
-    if m_rows == 0 or n_rows == 0:
-        return
-    var v = variant if variant >= 0 else (0 if m_rows <= 8 else 1)
-    if v == 0:
-        _launch_gemv[1, 1, 1, 16, 4, 1](
-            y, x, codes, scales, global_scale, m_rows, n_rows, k,
-            n_tiles, k_groups, kw_override, ctx,
-        )
-    elif v == 1:
-        _launch_async[2, 2, 4, 2](
-            y, x, codes, scales, global_scale, m_rows, n_rows, k,
-            n_tiles, k_groups, kw_override, ctx,
-        )
-    elif v == 2:
-        _launch_gemv[2, 1, 1, 16, 4, 2](
-            y, x, codes, scales, global_scale, m_rows, n_rows, k,
-            n_tiles, k_groups, kw_override, ctx,
-        )
-    else:
-        raise Error(t"nvfp4_gemv_sm90: unknown variant {v}")
 
 
 def nvfp4_dequant_sm90(

@@ -27,6 +27,13 @@ def read_settings() -> AttnQuantConfig:
     return settings
 
 
+def model_dtype(dtype: DType) -> DType:
+    """The dtype of the model's activations and unquantized weights: MAX gives
+    a checkpoint stored as NVFP4 the ``float4_e2m1fnx2`` encoding (``uint8``),
+    whose other tensors are bf16."""
+    return DType.bfloat16 if dtype == DType.uint8 else dtype
+
+
 def prepare_for_device(
     state_dict: Mapping[str, Any],
     settings: AttnQuantConfig,

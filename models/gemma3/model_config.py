@@ -14,7 +14,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import DevicesFromMesh
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import read_settings
+from ..common.prepare import model_dtype, read_settings
 
 
 @dataclass(kw_only=True)
@@ -24,9 +24,12 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
     MAX refuses bfloat16 on CPU, so CPU runs use ``--quantization-encoding
     float32`` (``run_max.py`` adds it): the bf16 checkpoint is widened
     exactly, which is also what makes CPU output comparable to transformers.
+    ``float4_e2m1fnx2`` is the encoding MAX gives a checkpoint stored as
+    ModelOpt NVFP4 (on a GPU): its NVFP4 projections are served as stored,
+    everything else in bf16.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
+    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32", "float4_e2m1fnx2"}
 
     attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
     """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
@@ -39,4 +42,5 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
     ) -> Self:
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
         config.attnquant = read_settings()
+        config.dtype = model_dtype(config.dtype)
         return config

@@ -38,7 +38,7 @@ from ..common.prepare import prepare_for_device, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config
-from .weight_adapters import check_language_tensors
+from .weight_adapters import bare_nvfp4_names, check_language_tensors
 
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -60,6 +60,7 @@ def prepare_language_weights(
     ``weights`` are named as in MAX's ModuleV3 tree (``language_model.layers.N...``);
     the result keeps those names, with each layer's q|k(|v) and gate|up fused.
     """
+    weights = bare_nvfp4_names(weights)
     check_language_tensors(weights)
     prepared = prepare_for_device(
         weights, config.attnquant, weights=checkpoint, num_layers=config.text_config.num_hidden_layers,

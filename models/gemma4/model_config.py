@@ -21,7 +21,7 @@ from typing_extensions import Self
 from attnquant.config import AttnQuantConfig
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import read_settings
+from ..common.prepare import model_dtype, read_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'
 # ``Gemma4UnifiedTextConfig`` (the google/gemma-4-12B-it line) does not
@@ -55,10 +55,14 @@ def unsupported_features(huggingface_config: Any) -> list[str]:
     """
     text = huggingface_config.text_config
     problems = []
-    if getattr(huggingface_config, "quantization_config", None):
+    quantization = getattr(huggingface_config, "quantization_config", None) or {}
+    if not isinstance(quantization, dict):  # transformers may hand a config object
+        quantization = quantization.to_dict()
+    declared = (str(quantization.get("quant_method", "")).lower(), str(quantization.get("quant_algo", "")).upper())
+    if quantization and declared != ("modelopt", "NVFP4"):
         problems.append(
-            "quantization_config is set (a pre-quantized checkpoint): attnquant "
-            "quantizes a bfloat16 checkpoint itself at load (ATTNQUANT_QUANT=nvfp4)"
+            f"quantization_config {declared[0] or '?'}/{declared[1] or '?'}: attnquant serves bf16 checkpoints "
+            "(quantized at load) and ModelOpt NVFP4 ones"
         )
     if getattr(text, "enable_moe_block", False) or (getattr(text, "num_experts", 0) or 0) > 0:
         problems.append(
@@ -99,11 +103,12 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
     """MAX's Gemma 4 config that also runs in float32 and refuses what we cannot serve.
 
     MAX refuses bfloat16 on CPU, so CPU runs use ``--quantization-encoding
-    float32`` (``run_max.py`` adds it). ``float4_e2m1fnx2`` (a pre-quantized
-    checkpoint) is not offered: NVFP4 here is produced at load time.
+    float32`` (``run_max.py`` adds it). ``float4_e2m1fnx2`` is the encoding
+    MAX gives a checkpoint stored as ModelOpt NVFP4: its NVFP4 projections are
+    served as stored, everything else in bf16.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
+    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32", "float4_e2m1fnx2"}
 
     attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
     """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
@@ -122,4 +127,5 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
         check_supported(huggingface_config)
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
         config.attnquant = read_settings()
+        config.dtype = model_dtype(config.dtype)
         return config

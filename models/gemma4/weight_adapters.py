@@ -12,7 +12,8 @@ embeddings, ...) is a variant whose weights we would silently drop.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
     convert_safetensor_state_dict,
@@ -20,7 +21,7 @@ from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
 
 from attnquant.formats.names import PROJECTION_PATH_PATTERN
 
-__all__ = ["check_language_tensors", "convert_safetensor_state_dict", "unsupported_tensors"]
+__all__ = ["bare_nvfp4_names", "check_language_tensors", "convert_safetensor_state_dict", "unsupported_tensors"]
 
 # Every tensor of a dense Gemma 4 decoder, below its prefix (``language_model.``
 # in the ModuleV3 tree, none in the MTP target's).
@@ -28,12 +29,33 @@ _SERVED = re.compile(
     r"(?:.*\.)?(?:"
     r"embed_tokens\.weight|norm\.weight|lm_head\.weight|"
     r"layers\.\d+\.(?:"
-    rf"(?:{PROJECTION_PATH_PATTERN})\.weight|"
+    rf"(?:{PROJECTION_PATH_PATTERN})\.(?:weight|weight_scale|weight_scale_2|input_scale)|"
     r"self_attn\.(?:q_norm|k_norm)\.weight|"
     r"(?:input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight|"
     r"layer_scalar"
     r"))$"
 )
+
+
+_NVFP4_LEAF = re.compile(r"^(?P<module>.*_proj)\.weight\.(?P<leaf>data|weight_scale|weight_scale_2|input_scale)$")
+
+
+def bare_nvfp4_names(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """A ModelOpt NVFP4 checkpoint's projections under their checkpoint names.
+
+    MAX's converter nests each NVFP4 projection's tensors under its
+    ``weight`` (``<proj>.weight.data``, ``<proj>.weight.weight_scale``, ...)
+    for its own quantized linear; attnquant reads them as stored
+    (``<proj>.weight``, ``<proj>.weight_scale``, ...)."""
+    bare = {}
+    for name, value in state_dict.items():
+        match = _NVFP4_LEAF.match(name)
+        if match is None:
+            bare[name] = value
+        else:
+            leaf = "weight" if match["leaf"] == "data" else match["leaf"]
+            bare[f"{match['module']}.{leaf}"] = value
+    return bare
 
 
 def unsupported_tensors(names: Iterable[str]) -> list[str]:

@@ -2,6 +2,10 @@
 
 Backends, tried in order (the first that can implement the layer wins):
 
+``max-sm100`` (``sm100.py``)
+    MAX's own NVFP4 block-scaled matmul on Blackwell (sm_100-sm_109): W4A4
+    (activations quantized to NVFP4 in the graph); compile-checked for a
+    virtual sm_100a, not measured.
 ``mojo-sm90`` (``sm90.py``)
     Tensor-core GEMV over weights re-laid out at load; NVIDIA sm_80+, bf16.
 ``mojo-cpu`` (``cpu.py``)
@@ -36,11 +40,13 @@ from attnquant.graph.nvfp4.cpu import MojoCPUBackend
 from attnquant.graph.nvfp4.dequant import GraphDequantBackend
 from attnquant.graph.nvfp4.gpu import MojoGenericGPUBackend
 from attnquant.graph.nvfp4.sm90 import MojoSM90Backend
+from attnquant.graph.nvfp4.sm100 import MaxSM100Backend
 from attnquant.max_compat import device_arch
 
 logger = logging.getLogger(LOGGER_NAME)
 
 BACKENDS: tuple[type[NVFP4Backend], ...] = (
+    MaxSM100Backend,
     MojoSM90Backend,
     MojoCPUBackend,
     MojoGenericGPUBackend,
@@ -63,6 +69,8 @@ def choose_backend(config: NVFP4LayerConfig) -> type[NVFP4Backend]:
     for backend in BACKENDS:
         ok, why = backend.can_implement(config)
         if ok:
+            params, params_why = backend.kernel_parameters(config)
+            why = f"{why}; {params_why}" if params_why else why
             logger.info(
                 "attnquant: NVFP4 [%d, %d] %s on %s %s: using %s (%s)%s%s",
                 config.n, config.k, config.act_dtype, config.device_api, config.device_arch,
@@ -121,6 +129,7 @@ __all__ = [
     "BACKENDS",
     "GEMV_MAX_M",
     "GraphDequantBackend",
+    "MaxSM100Backend",
     "MojoCPUBackend",
     "MojoGenericGPUBackend",
     "MojoSM90Backend",

@@ -36,6 +36,14 @@ GEMV_MAX_M = 16
 class WeightLayout(enum.Enum):
     MODELOPT = "modelopt"  # packed [N, K/2], scale_bits [N, K/16]
     SM90 = "sm90"  # kernels.sm90_layout.prepare_weights(): tile-ordered, re-encoded
+    SM100 = "sm100"  # ModelOpt codes; scale bytes in MAX's TCGEN (rank-5) order, flattened
+
+    @property
+    def scale_dtype(self) -> DType:
+        """dtype of the block-scale tensor: raw E4M3 bits as uint8 (MAX has no
+        float8 on CPU and the Mojo kernels decode the bits), except for MAX's
+        own SM100 kernel, which reads float8_e4m3fn (MAX graphs cannot bitcast)."""
+        return DType.float8_e4m3fn if self is WeightLayout.SM100 else DType.uint8
 
     def shapes(self, n: int, k: int) -> tuple[list[int], list[int]]:
         """The packed-weight and scale shapes of an [N, K] weight in this layout."""
@@ -61,6 +69,12 @@ class NVFP4LayerConfig:
         padding: how the large-M route's MAX matmul pads its rows.
         layout: if set, only backends reading weights in this layout qualify
             (for callers holding weights already laid out, e.g. benchmarks).
+        sm90_variant: ``ATTNQUANT_SM90_VARIANT`` (a developer override of the
+            sm90 GEMV kernel variant; empty: the measured choice).
+        sm100_input_scale: ``ATTNQUANT_SM100_INPUT_SCALE`` (max-sm100's static
+            activation scale).
+        kernel_params: the backend's kernel parameters, once chosen
+            (:meth:`NVFP4Backend.kernel_parameters`, recorded in the plan).
     """
 
     n: int
@@ -72,6 +86,9 @@ class NVFP4LayerConfig:
     gemv_only: bool = False
     padding: RowPadding = RowPadding.OFF
     layout: WeightLayout | None = None
+    sm90_variant: str = ""
+    sm100_input_scale: float = 1.0
+    kernel_params: tuple[tuple[str, int], ...] = ()
 
     @property
     def cuda_capability(self) -> int:
@@ -99,6 +116,11 @@ class NVFP4Backend:
         return packed, scale_bits
 
     @classmethod
+    def kernel_parameters(cls, config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
+        """The kernel parameters this layer runs with, and why (none by default)."""
+        return (), ""
+
+    @classmethod
     def apply(
         cls, x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor, config: NVFP4LayerConfig
     ) -> Tensor:
@@ -124,11 +146,12 @@ def gemv_or_dequant_matmul(
     dequant_op: str,
     weight_dtype: DType,
 ) -> Tensor:
-    """The GEMV op for decode-sized M; for prefill, decode W once and use MAX's matmul."""
+    """The GEMV op for decode-sized M (with the layer's ``kernel_params``);
+    for prefill, decode W once and use MAX's matmul."""
     weights = matmul.in_enclosing_block(weights)
 
     def gemv() -> Tensor:
-        return rowwise_op(gemv_op, x, weights, config.n)
+        return rowwise_op(gemv_op, x, weights, config.n, dict(config.kernel_params))
 
     def dequant_matmul() -> Tensor:
         w = custom_op(dequant_op, x, weights, [config.n, config.k], weight_dtype)

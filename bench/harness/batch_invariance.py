@@ -1,0 +1,139 @@
+"""Batch invariance: does a request get the same greedy tokens alone and batched?
+
+Measures, per server cell (the harness's ``VARIANT:on|off[+ENV=VALUE]`` cells,
+bench/harness/serve_benchmark.py): ``--prompts`` distinct prompts, greedy,
+``--tokens`` new tokens, each sent alone, then all together at each
+``--concurrency`` (a concurrency above the prompt count sends the prompts
+several times). Per request, the token ids at each concurrency are compared
+with its ids alone; where they differ, the first diverging position and the
+margin there (top-1 minus top-2 log probability of the request alone, so a
+difference at a near-tie is told from a corrupted buffer) are printed.
+
+    python bench/harness/batch_invariance.py --model DIR --cells builtin-bf16:off \\
+        attnquant-bf16:on attnquant-nvfp4:on --out results.json
+
+On the H200 (after staging MAX): bench/harness/h200_lease.sh runs it; on CPU it runs
+against CPU servers the same way (slowly). Prints one table; writes every
+request's ids and margins to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from serve_benchmark import Cell, launch, stop, wait_ready  # this directory
+
+PROMPT_TOPICS = (
+    "the sea", "a mountain village", "bread", "trains", "the moon", "a library", "rain", "chess",
+    "an old clock", "winter", "a bridge", "music", "a garden", "the desert", "paper", "a lighthouse",
+    "coffee", "a river", "snow", "a market", "glass", "a forest", "the wind", "a violin",
+    "salt", "a harbour", "thunder", "a bicycle", "ink", "a castle", "honey", "the stars",
+)
+
+
+@dataclass
+class Greedy:
+    ids: list[int]
+    margins: list[float]
+    """Per generated position: top-1 minus top-2 log probability (inf: one candidate)."""
+
+
+def complete(port: int, model: str, prompt: str, tokens: int) -> Greedy:
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
+        "return_token_ids": True, "logprobs": 2,
+    }  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    choice = json.loads(urllib.request.urlopen(request, timeout=600).read())["choices"][0]
+    margins = []
+    for top in (choice.get("logprobs") or {}).get("top_logprobs") or []:
+        best = sorted((top or {}).values(), reverse=True)
+        margins.append(best[0] - best[1] if len(best) > 1 else float("inf"))
+    return Greedy(choice.get("token_ids") or [], margins)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def check_cell(port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int]) -> dict:
+    alone = [complete(port, model, p, tokens) for p in prompts]
+    result: dict = {"alone": [g.ids for g in alone], "batched": {}}
+    for concurrency in concurrencies:
+        repeats = -(-concurrency // len(prompts))
+        requests = [i for _ in range(repeats) for i in range(len(prompts))]
+        with ThreadPoolExecutor(concurrency) as pool:
+            batched = list(pool.map(lambda i: complete(port, model, prompts[i], tokens), requests))
+        rows = []
+        for i, greedy in zip(requests, batched):
+            diverges = first_difference(alone[i].ids, greedy.ids)
+            margin = alone[i].margins[diverges] if diverges is not None and diverges < len(alone[i].margins) else None
+            rows.append({"prompt": i, "identical": diverges is None, "first_difference": diverges, "margin": margin})
+        result["batched"][concurrency] = rows
+    return result
+
+
+def summary_row(spec: str, concurrency: int, rows: list[dict]) -> str:
+    same = sum(r["identical"] for r in rows)
+    diffs = sorted((r["first_difference"], r["margin"]) for r in rows if not r["identical"])
+    shown = ", ".join(f"{p} ({m:.3f})" if m is not None else f"{p} (-)" for p, m in diffs[:6])
+    return f"| {spec} | {concurrency} | {same}/{len(rows)} | {shown or '-'} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--cells", nargs="+", required=True)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--memory-fraction", type=float, default=0.3)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--port-base", type=int, default=8300)
+    parser.add_argument("--ready-timeout", type=float, default=1500)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    prompts = [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[: args.prompts]]
+    cells = [Cell.parse(spec) for spec in args.cells]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    servers = {}
+    results: dict = {}
+    try:
+        for i, cell in enumerate(cells):
+            log = args.out.parent / f"serve-invariance-{cell.slug}.log"
+            servers[cell.spec] = (launch(cell, args, args.port_base + i, log), args.port_base + i, log)
+        for cell in cells:
+            server, port, log = servers[cell.spec]
+            try:
+                wait_ready(server, port, log, args.ready_timeout)
+            except (RuntimeError, TimeoutError) as error:
+                print(f"FAILED to start {cell.spec}: {error}", flush=True)
+                continue
+            results[cell.spec] = check_cell(port, str(args.model), prompts, args.tokens, args.concurrency)
+            args.out.write_text(json.dumps(results, indent=1))
+            for concurrency, rows in results[cell.spec]["batched"].items():
+                print(summary_row(cell.spec, concurrency, rows), flush=True)
+    finally:
+        for server, _, _ in servers.values():
+            stop(server)
+    print(f"\n{args.prompts} prompts, {args.tokens} greedy tokens, each alone then batched; model {args.model}")
+    print("| cell | concurrency | identical to alone | first differences (position, margin nats) |\n|---|---|---|---|")
+    for spec, result in results.items():
+        for concurrency, rows in result["batched"].items():
+            print(summary_row(spec, concurrency, rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

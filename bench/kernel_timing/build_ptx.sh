@@ -1,0 +1,30 @@
+#!/bin/bash
+# Compile the sm90 GEMV kernels (bench/kernel_timing/nvfp4_ptx_harness.mojo) here, no GPU
+# needed, into bench/ptx/<variant>.ptx, and, where ptxas is installed, also
+# bench/ptx/<variant>.cubin (sm_90a) plus bench/ptx/ptxas.txt (registers,
+# spills). bench/kernel_timing/kernels_h200.py loads the cubin when there is one (no JIT on
+# the device, and the same SASS that was inspected here), else the PTX.
+# MOJO=/path/to/mojo if the project's .venv has none (e.g. a git worktree).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+MOJO="${MOJO:-$ROOT/.venv/bin/mojo}"
+ARCH="${ARCH:-sm_90a}"
+TMP="$(mktemp -d)"
+(cd "$TMP" && "$MOJO" build -I "$ROOT/kernels" --target-accelerator "$ARCH" --emit asm \
+    -o h.s "$ROOT/bench/kernel_timing/nvfp4_ptx_harness.mojo" 2>&1 | grep -v Crashpad | grep -E -A8 "error" || true)
+mkdir -p "$ROOT/bench/ptx"
+rm -f "$ROOT/bench/ptx/"*.ptx "$ROOT/bench/ptx/"*.cubin "$ROOT/bench/ptx/ptxas.txt"
+for f in "$TMP"/*.ptx; do
+  name="$(basename "$f" | sed -E 's/^h_nvfp4_ptx_harness_//; s/^([a-z]+[0-9]*(s[0-9])?)_.*/\1/')"
+  cp "$f" "$ROOT/bench/ptx/$name.ptx"
+done
+if command -v ptxas >/dev/null; then
+  for f in "$ROOT"/bench/ptx/*.ptx; do
+    n="$(basename "$f" .ptx)"
+    echo "$n: $(ptxas -arch="$ARCH" -v "$f" -o "$ROOT/bench/ptx/$n.cubin" 2>&1 | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" \
+      >> "$ROOT/bench/ptx/ptxas.txt"
+  done
+  cat "$ROOT/bench/ptx/ptxas.txt"
+fi
+ls "$ROOT/bench/ptx" | tr '\n' ' '; echo
+rm -rf "$TMP"

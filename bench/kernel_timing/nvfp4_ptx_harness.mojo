@@ -1,0 +1,195 @@
+# Builds every sm90 GEMV variant (and the dequant kernel) to PTX without a GPU:
+#   mojo build -I kernels --target-accelerator sm_90 --emit asm \
+#       -o /tmp/h.s bench/nvfp4_ptx_harness.mojo
+# (bench/build_ptx.sh does this and names the files). main() is never run; it
+# only makes the compiler instantiate each kernel. bench/nvfp4_ptx_bench.py
+# loads the PTX on the H200 with CuPy: kernel-level timing with no MAX install.
+
+from max.gpu import block_idx, thread_idx
+from max.gpu.host import DeviceContext
+from attnquant_ops.nvfp4_matmul import (
+    nvfp4_dequant_sm90_kernel,
+    nvfp4_gemv_sm90_async_kernel,
+    nvfp4_gemv_sm90_kernel,
+)
+from attnquant_ops.nvfp4_gemv_bulk import (
+    nvfp4_gemv_sm90_bulk_kernel,
+    nvfp4_gemv_sm90_bulk_splitk_kernel,
+    nvfp4_gemv_sm90_reg_kernel,
+    nvfp4_gemv_sm90_reg_splitk_kernel,
+)
+
+comptime BF = Pointer[BFloat16, MutAnyOrigin]
+comptime BFI = Pointer[BFloat16, ImmutAnyOrigin]
+comptime U8 = Pointer[UInt8, ImmutAnyOrigin]
+comptime F32 = Pointer[Float32, ImmutAnyOrigin]
+
+
+# One wrapper per variant, so that the PTX file and entry carry its name (the
+# compiler truncates names, hence short ones; bench/nvfp4_ptx_bench.py VARIANTS
+# maps them to their parameters).
+def gv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g3(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 8, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 2, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def g6(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[2, 2, 2, 8, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def a2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_async_kernel[1, 1, 4, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def a5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_async_kernel[2, 2, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def a6(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_async_kernel[1, 2, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def a9(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_async_kernel[2, 2, 6, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b3s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[1, 1, 4, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b3s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 4, 2, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b3s4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 4, 2, 1, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b4s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[1, 1, 3, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b4s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 3, 4, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b5s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[2, 2, 4, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b5s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[2, 2, 4, 2, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b6s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[2, 4, 3, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b6s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[2, 4, 3, 2, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_kernel[1, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7s4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b4s4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 3, 4, 1, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b8s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[1, 1, 4, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def b8s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 4, 4, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def p3s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[1, 1, 4, 2, 1, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def p3s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 4, 2, 1, 2, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def p4s4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_splitk_kernel[1, 1, 3, 4, 1, 4, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def nul(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    """Launch-floor probe: one bf16 store per block, no weight traffic."""
+    if thread_idx.x == 0 and Int(block_idx.x) < Int(n):
+        y.unsafe_store(Int(block_idx.x), (g.unsafe_load(0) * 0.0).cast[DType.bfloat16]())
+
+
+def dq(w: BF, c: U8, s: U8, g: F32, n: Int64, k: Int64, kg: Int64, total: Int64):
+    nvfp4_dequant_sm90_kernel(w, c, s, g, n, k, kg, total)
+
+
+def main() raises:
+    with DeviceContext() as ctx:
+        var b = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var b2 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var u = ctx.enqueue_create_buffer[DType.uint8](64)
+        var u2 = ctx.enqueue_create_buffer[DType.uint8](64)
+        var f = ctx.enqueue_create_buffer[DType.float32](1)
+        var z = Int64(0)
+        ctx.enqueue_function[gv0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g3](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g5](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[g6](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[a2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[a5](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[a6](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[a9](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b3s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b3s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b3s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b4s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b4s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b5s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b5s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b6s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b6s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b4s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b8s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[b8s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[p3s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[p3s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[p4s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[nul](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[dq](b.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, grid_dim=1, block_dim=32)

@@ -1,10 +1,11 @@
-# The README's two commands. Needs only python3 (>= 3.10) and make.
+# The README's two commands (demo, test), and a fast tier for editing (check).
+# Needs only python3 (>= 3.10) and make.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.attnquant-installed
 
-.PHONY: demo test install
+.PHONY: demo test check install
 
 install: $(STAMP)
 
@@ -20,5 +21,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m attnquant demo
 
+# Everything, real MAX graphs and servers on CPU included (what CI runs).
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The tests that compile no MAX graph: minutes, for the edit-test loop.
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not max"

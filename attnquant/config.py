@@ -103,6 +103,19 @@ class Setting:
     allowed: str
     effect: str
     changes_weights: bool = False
+    choices: tuple[str, ...] = ()
+    """The values a choice setting takes (empty for other settings)."""
+
+
+def _choice(
+    env: str, field: str, choices: tuple[str, ...], default: str, effect: str, *, changes_weights: bool = False
+) -> Setting:
+    """A setting that takes one of ``choices``; its parser and allowed-values
+    text come from the one tuple."""
+    return Setting(
+        env, field, _parse_choice(*choices), _constant(default), default, ", ".join(choices), effect,
+        changes_weights=changes_weights, choices=choices,
+    )  # fmt: skip
 
 
 def _constant(value: Any) -> Callable[[Mapping[str, str]], Any]:
@@ -140,9 +153,8 @@ SETTINGS: tuple[Setting, ...] = (
         "matmul; MAX folds it once at load, so each step reads W_eff "
         "(refused with PRECOMPUTE_OUTSIDE=1).",
     ),
-    Setting(
-        "ATTNQUANT_QUANT", "quant", _parse_choice("none", "nvfp4"), _constant("none"),
-        "none", "none, nvfp4",
+    _choice(
+        "ATTNQUANT_QUANT", "quant", ("none", "nvfp4"), "none",
         "nvfp4: quantize every projection (not in QUANT_IGNORE) to NVFP4 at load time.",
         changes_weights=True,
     ),
@@ -153,32 +165,28 @@ SETTINGS: tuple[Setting, ...] = (
         "e.g. self_attn, mlp, o_proj, layers.0.",
         changes_weights=True,
     ),
-    Setting(
-        "ATTNQUANT_LM_HEAD", "lm_head", _parse_choice("bf16", "nvfp4"), _constant("bf16"),
-        "bf16", "bf16, nvfp4",
+    _choice(
+        "ATTNQUANT_LM_HEAD", "lm_head", ("bf16", "nvfp4"), "bf16",
         "The output head (the tied embedding, or the checkpoint's own lm_head): bf16 = "
         "the model dtype; nvfp4 = a packed NVFP4 copy read by the NVFP4 kernels (the "
         "embedding stays for the token lookup), cached like the projections.",
         changes_weights=True,
     ),
-    Setting(
-        "ATTNQUANT_SCALE_SEARCH", "scale_search", _parse_choice("rtn", "mse"), _constant("rtn"),
-        "rtn", "rtn, mse",
+    _choice(
+        "ATTNQUANT_SCALE_SEARCH", "scale_search", ("rtn", "mse"), "rtn",
         "NVFP4 block scales: rtn is MAX's reference rounding; mse tries neighbouring "
         "scales per block and keeps the least squared error.",
         changes_weights=True,
     ),
-    Setting(
-        "ATTNQUANT_PREPARE_DEVICE", "prepare_device", _parse_choice("auto", "cpu", "gpu"),
-        _constant("auto"), "auto", "auto, cpu, gpu",
+    _choice(
+        "ATTNQUANT_PREPARE_DEVICE", "prepare_device", ("auto", "cpu", "gpu"), "auto",
         "Where load-time W_eff and NVFP4 quantization run: auto = the serving GPU when "
         "torch can use it (a CUDA or ROCm build), else the CPU; gpu = that GPU or an "
         "error. Same weights either way; torch quantized at ~45 GB/s on an H200, "
         "the host well under 1 GB/s (docs/performance.md).",
     ),
-    Setting(
-        "ATTNQUANT_NVFP4_DISPATCH", "nvfp4_dispatch", _parse_choice("auto", "gemv"), _constant("auto"),
-        "auto", "auto, gemv",
+    _choice(
+        "ATTNQUANT_NVFP4_DISPATCH", "nvfp4_dispatch", ("auto", "gemv"), "auto",
         "NVFP4 projections on a GPU: auto = the GEMV kernel up to 16 tokens, dequantize + "
         "MAX matmul above, chosen each step by a branch per projection; gemv = the GEMV "
         "kernel at every token count (no branch; prefill re-reads the weights every 16 tokens).",
@@ -262,6 +270,11 @@ REMOVED: dict[str, str] = {
 """Settings that no longer exist, with what to do instead."""
 
 _SETTING_BY_ENV = {setting.env: setting for setting in SETTINGS}
+
+
+def choices_of(env: str) -> tuple[str, ...]:
+    """The values the choice setting ``env`` takes (for flags that stand for it)."""
+    return _SETTING_BY_ENV[env].choices
 
 
 @dataclass(frozen=True)

@@ -244,3 +244,13 @@ def test_python_dash_m_runs_the_cli() -> None:
         timeout=120,
     )
     assert result.returncode == 0 and "quantize" in result.stdout
+
+
+def test_quantize_refuses_an_nvfp4_output_head(tmp_path: Path) -> None:
+    from attnquant.tools.cli import build_parser
+    from attnquant.tools.quantize import quantize_config
+
+    args = build_parser().parse_args(["quantize", str(tmp_path / "src"), "--out", str(tmp_path / "out"),
+                                      "--lm-head", "nvfp4"])  # fmt: skip
+    with pytest.raises(ValueError, match="ATTNQUANT_LM_HEAD=nvfp4: quantize writes the output head unquantized"):
+        quantize_config(args)

@@ -81,3 +81,17 @@ def test_imports_run_downward(name: str, path: Path) -> None:
         if LAYERS[theirs] >= LAYERS[own]:
             wrong.append(f"{target} (layer {theirs})")
     assert not wrong, f"{name} (layer {own}) imports upwards or sideways: {wrong}"
+
+
+def test_console_scripts_resolve() -> None:
+    """Every ``[project.scripts]`` entry names a function that exists (a module
+    move must carry its entry point along)."""
+    import importlib
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    section = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    entries = re.findall(r'^\s*([\w-]+)\s*=\s*"([\w.]+):(\w+)"', section, re.M)
+    assert entries, section
+    for name, module, function in entries:
+        assert callable(getattr(importlib.import_module(module), function, None)), f"{name} = {module}:{function}"

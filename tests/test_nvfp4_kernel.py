@@ -186,6 +186,8 @@ def layer(n: int, k: int, arch: str = "sm_90a", forced: str = "") -> K.NVFP4Laye
         ("3:4:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1)), "ATTNQUANT_SM90_VARIANT=3:4:1"),
         ("1", layer(1536, 1152, "sm_80"), (("variant", 1), ("kw", 0), ("splitk", 0)), "ATTNQUANT_SM90_VARIANT=1"),
         ("3:4:1:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1), ("pdl", 1)), "=3:4:1:1"),
+        # a fast variant's split left open is pinned to 1: the op's own pick may be a cluster split
+        ("5", layer(1536, 1152), (("variant", 5), ("kw", 0), ("splitk", 1)), "ATTNQUANT_SM90_VARIANT=5"),
         # the fast variants cannot take these: the original kernels, and why
         ("3:4:2", layer(1536, 1152), (), "cluster split-K variants fault on the H200"),
         ("3:4:1", layer(1536, 1152, "sm_80"), (), "need sm_90"),

@@ -15,7 +15,7 @@ def _args(**overrides) -> argparse.Namespace:
 
 def test_mtp_cell_serves_the_mtp_twin_with_the_assistant_drafting_3() -> None:
     harness = bench_module("serve_benchmark")
-    cell = harness.Cell.parse("attnquant-nvfp4-mtp3:on+ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1")
+    cell = harness.Cell.parse("attnquant-nvfp4-mtp3:on+ATTNQUANT_LM_HEAD=nvfp4")
     assert harness.served_model(cell, _args()) == Path("/m/mtp")
     assert harness.speculative_args(cell, _args()) == [
         "--draft-model-path", "/m/assistant", "--speculative-method", "mtp", "--num-speculative-tokens", "3",
@@ -36,3 +36,47 @@ def test_greedy_note_names_the_tokens_behind_an_empty_text() -> None:
     assert greedy("", [], "stop").note() == ""  # nothing generated: nothing to explain
     note = greedy("", [0] * 48, "length").note()
     assert note == f"empty text from 48 tokens (length): ids {[0] * 12}"
+
+
+def test_invariance_rows_price_the_first_difference_with_the_expected_margin() -> None:
+    invariance = bench_module("batch_invariance")
+    expected = invariance.Greedy([1, 2, 3, 4], [0.5, 0.25, 0.125, 2.0])
+    assert invariance.compare(7, expected, [1, 2, 3, 4]) == {
+        "prompt": 7, "identical": True, "first_difference": None, "margin": None,
+    }  # fmt: skip
+    assert invariance.compare(7, expected, [1, 2, 9, 4])["first_difference"] == 2
+    assert invariance.compare(7, expected, [1, 2, 9, 4])["margin"] == 0.125
+    shorter = invariance.compare(0, expected, [1, 2])
+    assert (shorter["identical"], shorter["first_difference"], shorter["margin"]) == (False, 2, 0.125)
+
+
+def test_a_cell_is_compared_alone_batched_and_with_the_reference(monkeypatch) -> None:
+    invariance = bench_module("batch_invariance")
+    # Prompt 1 batched gives another token at position 1; the reference
+    # differs from this cell's alone ids at position 0 of prompt 0.
+    served = {"p0": [10, 11], "p1": [20, 21]}
+    calls = []
+
+    def complete(port: int, model: str, prompt: str, tokens: int):
+        calls.append(prompt)
+        ids = list(served[prompt])
+        if prompt == "p1" and calls.count("p1") > 1:
+            ids[1] = 99
+        return invariance.Greedy(ids, [1.0, 0.5])
+
+    monkeypatch.setattr(invariance, "complete", complete)
+    reference = [invariance.Greedy([12, 11], [0.03, 1.0]), invariance.Greedy([20, 21], [1.0, 1.0])]
+    result, alone = invariance.check_cell(0, "m", ["p0", "p1"], 2, [2], reference)
+    assert [g.ids for g in alone] == [[10, 11], [20, 21]]
+    assert [r["identical"] for r in result["batched"][2]] == [True, False]
+    assert result["batched"][2][1]["first_difference"] == 1
+    assert [(r["first_difference"], r["margin"]) for r in result["vs_reference"][1]] == [(0, 0.03), (None, None)]
+    assert [r["first_difference"] for r in result["vs_reference"][2]] == [0, 1]
+
+
+def test_modelopt_cell_serves_the_export_with_no_attnquant_setting() -> None:
+    harness = bench_module("serve_benchmark")
+    cell = harness.Cell.parse("attnquant-modelopt:on")
+    assert harness.served_model(cell, _args(export=Path("/m/export"))) == Path("/m/export")
+    assert harness.VARIANTS[cell.variant][1] == {}
+    assert harness.speculative_args(cell, _args()) == []

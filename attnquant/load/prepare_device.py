@@ -3,7 +3,7 @@
 Preparing is elementwise work over every projection weight: on an H200
 torch quantizes at 44-48 GB/s on the GPU and well under 1 GB/s on the host
 (docs/performance.md). The quantizer gives the same bits on both (checked by
-tests and by ``bench/kernels/quantize_speed.py`` against MAX's reference), so
+tests and by ``bench/kernel_timing/quantize_speed.py`` against MAX's reference), so
 the device changes the time, not the weights, and the quantized-weight cache
 does not depend on it.
 """

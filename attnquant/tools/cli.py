@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attnquant import __version__
+from attnquant.config import choices_of
 
 SUBCOMMAND_MODULES: tuple[str, ...] = ("attnquant.tools.quantize", "attnquant.tools.verify", "attnquant.tools.demo")
 """Modules that register the subcommands (``quantize``, ``verify``, ``demo``, ``demo-model``)."""
@@ -82,7 +83,10 @@ _WEIGHT_FLAGS: tuple[tuple[str, str, dict[str, object]], ...] = (
     ("--blocks", "ATTNQUANT_BLOCKS", dict(type=int, metavar="G", help="theta bands G (ATTNQUANT_BLOCKS)")),
     ("--rank", "ATTNQUANT_RANK", dict(type=int, metavar="R", help="theta residual rank (ATTNQUANT_RANK)")),
     ("--scale-search", "ATTNQUANT_SCALE_SEARCH", dict(
-        choices=("rtn", "mse"), help="NVFP4 block-scale choice (ATTNQUANT_SCALE_SEARCH)",
+        choices=choices_of("ATTNQUANT_SCALE_SEARCH"), help="NVFP4 block-scale choice (ATTNQUANT_SCALE_SEARCH)",
+    )),
+    ("--lm-head", "ATTNQUANT_LM_HEAD", dict(
+        choices=choices_of("ATTNQUANT_LM_HEAD"), help="the output head's weights (ATTNQUANT_LM_HEAD)",
     )),
 )  # fmt: skip
 

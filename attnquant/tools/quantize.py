@@ -48,7 +48,15 @@ def quantize_config(args: argparse.Namespace) -> AttnQuantConfig:
     """The environment's ATTNQUANT_* settings with the flags laid over them,
     NVFP4 computed on the host."""
     env = with_weight_flags(args, os.environ)
-    return AttnQuantConfig.from_env({**env, "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_PRECOMPUTE_OUTSIDE": "1"})
+    config = AttnQuantConfig.from_env({**env, "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_PRECOMPUTE_OUTSIDE": "1"})
+    if config.lm_head != "bf16":
+        # A ModelOpt export keeps lm_head unquantized (its ignore list says so),
+        # and a tied head is the embedding the token lookup reads.
+        raise ValueError(
+            f"ATTNQUANT_LM_HEAD={config.lm_head}: quantize writes the output head unquantized, as ModelOpt "
+            "exports do; leave it at bf16 here (or unset it)"
+        )
+    return config
 
 
 def run_quantize(args: argparse.Namespace) -> int:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from attnquant.config import ENV_PREFIX, SETTINGS, AttnQuantConfig
+from attnquant.config import ENV_PREFIX, SETTINGS, AttnQuantConfig, choices_of
 from attnquant.formats import nvfp4
 from attnquant.load.checkpoint import load_state_dict
 from attnquant.tools.cli import add_weight_flags, register_subcommand, with_weight_flags
@@ -436,7 +436,7 @@ def _add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         help="Hugging Face Gemma 3 checkpoint (default: the embedded Gemma 3 270M)",
     )
     parser.add_argument(
-        "--quant", choices=("nvfp4", "none"), default="nvfp4",
+        "--quant", choices=choices_of("ATTNQUANT_QUANT"), default="nvfp4",
         help="the configured model's quantization (ATTNQUANT_QUANT; default nvfp4)",
     )
     add_weight_flags(parser)

@@ -62,8 +62,8 @@ def write_weights(out: Path, config, device: str) -> int:
 # token's own logit (~ std^2 hidden^1.5 / sqrt(2 layers)) beats the best of
 # 262144 random ones (~ 5 std sqrt(hidden)): the model only repeats its last
 # input token. After a chat prompt (last token <unk>) that is a special token,
-# which streams no text, and `max benchmark` failed with "No text content
-# captured" (H200 run 5, 2026-12-01). Measured in transformers at 6 layers,
+# which streams no text, and `max benchmark` fails with "No text content
+# captured" (seen on the H200, 2026-12-01). Measured in transformers at 6 layers,
 # last token w1234: own logit 26.1, next best 7.3 at std 0.02; own 0.59, best
 # 0.68 at 0.002 (the own term shrinks as 1/sqrt(layers) beside the rest).
 # Specials' rows (and the bare "▁") are zero: logit 0, never the argmax.

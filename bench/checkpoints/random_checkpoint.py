@@ -76,13 +76,15 @@ def write_word_tokenizer(
     specials: Sequence[str],
     chat_template: str,
     named: Mapping[str, str],
-) -> None:
+    extra_named: Mapping[str, str] | None = None,
+):
     """Specials take the first ids (in order), then the bare "▁" (``max
     benchmark``'s random dataset swaps special ids for it and fails without
-    it), then every other id is the word "▁w<id>".
+    it), then every other id is the word "▁w<id>". Returns the tokenizer.
 
     ``named`` maps tokenizer roles (bos_token, eos_token, pad_token,
-    unk_token) to special tokens."""
+    unk_token) to special tokens; ``extra_named`` other roles (a processor's
+    image_token, boi_token, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -92,9 +94,12 @@ def write_word_tokenizer(
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
     roles = set(named.values())
+    roles |= set((extra_named or {}).values())
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, **named,
         additional_special_tokens=[s for s in specials if s not in roles],
+        **({"extra_special_tokens": dict(extra_named)} if extra_named else {}),
     )  # fmt: skip
     fast.chat_template = chat_template
     fast.save_pretrained(out)
+    return fast

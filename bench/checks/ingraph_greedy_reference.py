@@ -7,7 +7,7 @@ For each theta (G:R) of a Gemma 3 checkpoint, runs transformers' Gemma 3 in
 bf16 with the projections served four ways and prints the greedy
 continuation of the harness's prompt (``serve_benchmark.py``'s greedy check):
 
-- ``precompute-outside``: the W_eff ``reconstruct.precompute_outside`` serves;
+- ``precompute-outside``: the W_eff ``attnquant.load.precompute.precompute_outside`` serves;
 - ``graph-fold``: ``s*W0 + U V^T`` with each operation rounded to bf16;
 - ``gemm``: ``s*(x W0^T) + (x V) U^T``, each product rounded to bf16 (MAX's
   matmuls and the elementwise ops in the model dtype);

@@ -24,13 +24,14 @@ and the next token's margin (top-1 minus top-2). Sources:
   torch-float32 is the baseline when present; torch-bfloat16's distance
   from it is what bf16 rounding alone costs this model.
 
-Run 10 (docs/throughput.md) is why: on the H200 the GEMM and fold paths gave
-other greedy texts than torch's bf16 emulation of every path; run 11 found
-precompute-outside's logits 5.2 away from ``generated``'s there; run 12
-found MAX's own Gemma 3 as far from torch-float32 as precompute-outside
-(4.8 at 3 and 12 tokens, 7.4e-2 at 1), ``generated`` within bf16 rounding,
-and precompute-outside within it too once ``attnquant.graph.matmul`` padded its
-rows (``bench/results/2026-12-02-h200-run12.txt``). On CPU,
+Why it exists (H200, 2026-12-01 and 12-02; docs/dev/lab-log.md): there the
+GEMM and fold paths gave other greedy texts than torch's bf16 emulation of
+every path, and precompute-outside's logits were 5.2 away from
+``generated``'s; MAX's own Gemma 3 was as far from torch-float32 as
+precompute-outside (4.8 at 3 and 12 tokens, 7.4e-2 at 1), ``generated`` was
+within bf16 rounding, and precompute-outside came within it too once
+``attnquant.graph.matmul`` padded its rows
+(``bench/results/2026-12-02-h200-run12.txt``). On CPU,
 agreement says the paths' graphs are right at this geometry; on the GPU, a source much
 further from torch-float32 than torch-bfloat16 is says the device computes
 it differently. One compile per MAX source (about ten minutes each on 2 CPU

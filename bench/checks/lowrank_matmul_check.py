@@ -2,12 +2,12 @@
 
     python bench/checks/lowrank_matmul_check.py [--device gpu|cpu] [--m 1 4 8 64] [--ranks 32 64 96 128]
 
-Run 10 (docs/throughput.md) found the GEMM formulation and the graph fold
-giving other greedy texts on the H200 than torch's bf16 emulation of every
+On the H200 (2026-12-01, docs/dev/lab-log.md) the GEMM formulation and the
+graph fold gave other greedy texts than torch's bf16 emulation of every
 path, while ``generated_linear`` (our own kernel, no small matmul) gave
 torch's. What GEMM and fold share, and the generated op does not, are MAX
 matmuls whose inner width is the padded rank: ``(x V) U^T`` and ``U V^T``
-with K = 32, 64 or 96 (``attnquant.graph.matmul.MIN_INNER_MULTIPLE``). This
+with K = 32, 64 or 96 (``attnquant.max_compat.MIN_INNER_MULTIPLE``). This
 compiles one graph holding, for each Gemma 3 1B projection group and padded
 rank Rp in {32, 64, 96, 128}, the served modules of both paths
 (``attnquant.graph.theta``: GEMM ``s*(x W0^T) + (x V) U^T``; fold
@@ -17,8 +17,8 @@ is compared with float64 on the same bf16 (GPU) or float32 (CPU) inputs.
 Relative errors near the dtype's rounding (bf16: ~3e-3) pass; a case above
 ``--bound`` is printed FAIL. One compile (about 25 minutes on 2 CPU cores;
 on CPU every case is within 2e-6: ``bench/results/2026-12-01-cpu-lowrank-matmul-check.txt``).
-On the H200 (run 11, ``bench/results/2026-12-02-h200-run11.txt``) every case
-at Rp = 32, 64 and 96 is within 2.5e-3; 4 of 32 at Rp = 128 failed.
+On the H200 (2026-12-02, ``bench/results/2026-12-02-h200-run11.txt``) every
+case at Rp = 32, 64 and 96 is within 2.5e-3; 4 of 32 at Rp = 128 failed.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
     python bench/checks/max_gpu_patterns_check.py [--device gpu|cpu] [--m 1 2 3 8 9 12 64] [--unpadded]
 
-Run 11 (docs/throughput.md) found, on the H200 in bfloat16, our model's
-logits with every projection a plain MAX matmul (precompute-outside) up to
-5.2 away from the ``generated_linear`` path's (our own kernel) and 4.5 from
-GEMM's, while the low-rank products alone were right. MAX has two open GPU bugs in this
+On the H200 in bfloat16 (2026-12-02, docs/dev/lab-log.md), our model's
+logits with every projection a plain MAX matmul (precompute-outside) were up
+to 5.2 away from the ``generated_linear`` path's (our own kernel) and 4.5
+from GEMM's, while the low-rank products alone were right. MAX has two open GPU bugs in this
 neighbourhood (modular/modular#6883: bf16 ``ops.matmul`` wrong for M > 8 on
 H100, first seen as ``rms_norm`` after an FFN; #7165: split-K reduces its
 partial sums in bf16). This compiles one graph of the patterns our Gemma 3
@@ -28,7 +28,7 @@ yardstick. A MAX error above ``--ratio`` times torch's (and above 1e-5) is
 printed FAIL. One compile (minutes on 2 CPU cores; on CPU in float32 both
 errors are ~1e-7).
 
-Run 12 (H200, ``bench/results/2026-12-02-h200-run12.txt``): before
+On the H200 (2026-12-02, ``bench/results/2026-12-02-h200-run12.txt``): before
 ``attnquant.graph.matmul`` padded rows on sm_90, every case but ``square`` failed
 at M = 2 to 63, 65 and 96 and passed at 1, 64 and 128, each by the amount a
 neighbouring case's ``64 - M % 64`` zero rows written past its own output
@@ -77,8 +77,9 @@ def gated_mlp(w: Weights, x: torch.Tensor, prefix: str = "") -> torch.Tensor:
     return (torch.nn.functional.gelu(gate, approximate="tanh") * up) @ w[f"{prefix}down_proj.weight"].T
 
 
-def build_cases() -> dict[str, Case]:
-    """The patterns, from the served modules; each takes x [m, in_width]."""
+def build_cases(row_padding: str) -> dict[str, Case]:
+    """The patterns, from the served modules with ``row_padding`` (a
+    ``RowPadding`` value, as the load records it in the plan); each takes x [m, in_width]."""
     from max.experimental.nn import Module
     from max.experimental.tensor import Tensor
     from max.pipelines.architectures.gemma3_modulev3.layers.rms_norm import Gemma3RMSNorm
@@ -88,10 +89,12 @@ def build_cases() -> dict[str, Case]:
     from models.common.mlp import ProjectedMLP
 
     def dense(name: str, n: int, k: int) -> Module:
-        return build_projection((PartPlan("dense", (name,), (n,), k),))
+        return build_projection((PartPlan("dense", (name,), (n,), k, row_padding=row_padding),))
 
     def mlp() -> Module:
-        gate_up, down = (PartPlan("dense", (g,), GROUPS[g][:1], GROUPS[g][1]) for g in ("gate_up", "down"))
+        gate_up, down = (
+            PartPlan("dense", (g,), GROUPS[g][:1], GROUPS[g][1], row_padding=row_padding) for g in ("gate_up", "down")
+        )
         return ProjectedMLP((gate_up,), (down,), "gelu_tanh")
 
     class Normed(Module):
@@ -160,16 +163,16 @@ def main() -> None:
     parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 3, 8, 9, 12, 64], help="token counts to run")
     parser.add_argument("--ratio", type=float, default=3.0, help="MAX error over torch's counted as wrong")
     parser.add_argument("--unpadded", action="store_true",
-                        help="serve without attnquant.graph.matmul's sm_90 row padding (run 12's first graph)")
+                        help="serve without attnquant.graph.matmul's sm_90 row padding (MAX's matmul as MAX runs it)")
     args = parser.parse_args()
-    if args.unpadded:
-        from attnquant.graph import matmul
+    from attnquant.max_compat import RowPadding
 
-        matmul.set_row_padding(False)  # ATTNQUANT_ROW_PADDING=0: MAX's matmul as MAX runs it
+    # What a load picks on sm_90 in bf16 without capture (FIXED), or none.
+    padding = RowPadding.OFF if args.unpadded or args.device == "cpu" else RowPadding.FIXED
 
     where = target(args.device == "gpu")
     with building(where):
-        cases = build_cases()
+        cases = build_cases(padding.value)
     g = torch.Generator().manual_seed(0)
     weights = {name: {k: t.to(where.torch_dtype) for k, t in random_weights(case.module, g).items()}
                for name, case in cases.items()}  # fmt: skip

@@ -4,7 +4,7 @@
 
 Serves, one after the other on this host (both NVFP4 unless ``ATTNQUANT_QUANT``
 is set): ours with the Gemma 4 assistant drafting 3 tokens (MAX's MTP path,
-through ``bench/mtp_cpu``'s four CPU patches), then ours without a drafter;
+through ``bench/checks/mtp_cpu``'s four CPU patches), then ours without a drafter;
 asks each for the same greedy completions (token ids included) and prints
 one row per prompt. Exit status
 0 when every prompt's ids agree. The three directories are what

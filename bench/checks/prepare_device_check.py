@@ -45,7 +45,7 @@ def first_layers(model_dir: Path, layers: int) -> dict[str, torch.Tensor]:
 def warmup_slice(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """16 rows of each of layer 0's projections: enough to start CUDA and load
     its kernels. A whole layer 0, since preparation refuses a checkpoint whose
-    layers do not start at 0 (run 8 lost this check to one layer-1 tensor)."""
+    layers do not start at 0: a slice of any other layer would be refused."""
     return {name: t[:16] for name, t in state.items() if LAYER.search(name).group(1) == "0"}
 
 

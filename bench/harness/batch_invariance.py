@@ -12,6 +12,16 @@ difference at a near-tie is told from a corrupted buffer) are printed.
     python bench/harness/batch_invariance.py --model DIR --cells builtin-bf16:off \\
         attnquant-bf16:on attnquant-nvfp4:on --out results.json
 
+With ``--reference CELL`` every other cell's ids (alone and batched) are
+also compared with the reference cell's ids alone, the margin taken from the
+reference. That is the MTP check: ours with the Gemma 4 assistant drafting
+(``attnquant-nvfp4-mtp3:on``, served from ``--mtp-target`` with
+``--draft-model``) must give the ids of ours without a drafter:
+
+    python bench/harness/batch_invariance.py --model TARGET --mtp-target MTP_TWIN --draft-model ASSISTANT \\
+        --cells attnquant-nvfp4:on attnquant-nvfp4-mtp3:on attnquant-nvfp4-mtp3:off \\
+        --reference attnquant-nvfp4:on --concurrency 8 --out mtp.json
+
 On the H200 (after staging MAX): bench/harness/h200_lease.sh runs it; on CPU it runs
 against CPU servers the same way (slowly). Prints one table; writes every
 request's ids and margins to ``--out``.
@@ -21,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve_benchmark import Cell, launch, stop, wait_ready  # this directory
+from serve_benchmark import Cell, launch, served_model, stop, wait_ready  # this directory
 
 PROMPT_TOPICS = (
     "the sea", "a mountain village", "bread", "trains", "the moon", "a library", "rain", "chess",
@@ -67,21 +78,31 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def check_cell(port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int]) -> dict:
+def compare(prompt: int, expected: Greedy, got: list[int]) -> dict:
+    """One request's row: ``got`` against ``expected`` (whose margins price a difference)."""
+    diverges = first_difference(expected.ids, got)
+    margin = expected.margins[diverges] if diverges is not None and diverges < len(expected.margins) else None
+    return {"prompt": prompt, "identical": diverges is None, "first_difference": diverges, "margin": margin}
+
+
+def check_cell(
+    port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int], reference: list[Greedy] | None
+) -> tuple[dict, list[Greedy]]:
+    """(the cell's result, its completions alone). With ``reference`` (another
+    cell's completions alone), every completion is also compared with those."""
     alone = [complete(port, model, p, tokens) for p in prompts]
-    result: dict = {"alone": [g.ids for g in alone], "batched": {}}
+    result: dict = {"alone": [g.ids for g in alone], "batched": {}, "vs_reference": {}}
+    if reference is not None:
+        result["vs_reference"][1] = [compare(i, reference[i], g.ids) for i, g in enumerate(alone)]
     for concurrency in concurrencies:
         repeats = -(-concurrency // len(prompts))
         requests = [i for _ in range(repeats) for i in range(len(prompts))]
         with ThreadPoolExecutor(concurrency) as pool:
             batched = list(pool.map(lambda i: complete(port, model, prompts[i], tokens), requests))
-        rows = []
-        for i, greedy in zip(requests, batched):
-            diverges = first_difference(alone[i].ids, greedy.ids)
-            margin = alone[i].margins[diverges] if diverges is not None and diverges < len(alone[i].margins) else None
-            rows.append({"prompt": i, "identical": diverges is None, "first_difference": diverges, "margin": margin})
-        result["batched"][concurrency] = rows
-    return result
+        result["batched"][concurrency] = [compare(i, alone[i], g.ids) for i, g in zip(requests, batched)]
+        if reference is not None:
+            result["vs_reference"][concurrency] = [compare(i, reference[i], g.ids) for i, g in zip(requests, batched)]
+    return result, alone
 
 
 def summary_row(spec: str, concurrency: int, rows: list[dict]) -> str:
@@ -104,12 +125,23 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=8300)
     parser.add_argument("--ready-timeout", type=float, default=1500)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--reference", help="a cell (one of --cells) every other cell is also compared with")
+    parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
+    parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     args = parser.parse_args()
+    args.mtp_target = args.mtp_target or args.model
+    if args.reference is not None and args.reference not in args.cells:
+        parser.error(f"--reference {args.reference} is not one of --cells")
+    # SIGTERM (h200_lease.sh stop) unwinds through the finally below, which stops the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     prompts = [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[: args.prompts]]
-    cells = [Cell.parse(spec) for spec in args.cells]
+    cells = sorted((Cell.parse(spec) for spec in args.cells), key=lambda c: c.spec != args.reference)
+    if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
+        parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     servers = {}
     results: dict = {}
+    reference: list[Greedy] | None = None
     try:
         for i, cell in enumerate(cells):
             log = args.out.parent / f"serve-invariance-{cell.slug}.log"
@@ -121,7 +153,12 @@ def main() -> None:
             except (RuntimeError, TimeoutError) as error:
                 print(f"FAILED to start {cell.spec}: {error}", flush=True)
                 continue
-            results[cell.spec] = check_cell(port, str(args.model), prompts, args.tokens, args.concurrency)
+            against = None if cell.spec == args.reference else reference
+            results[cell.spec], alone = check_cell(
+                port, str(served_model(cell, args)), prompts, args.tokens, args.concurrency, against
+            )
+            if cell.spec == args.reference:
+                reference = alone
             args.out.write_text(json.dumps(results, indent=1))
             for concurrency, rows in results[cell.spec]["batched"].items():
                 print(summary_row(cell.spec, concurrency, rows), flush=True)
@@ -133,6 +170,12 @@ def main() -> None:
     for spec, result in results.items():
         for concurrency, rows in result["batched"].items():
             print(summary_row(spec, concurrency, rows))
+    if args.reference is not None:
+        print(f"\nagainst {args.reference} alone (concurrency 1 = each request alone)")
+        print("| cell | concurrency | identical to the reference | first differences (position, margin nats) |\n|---|---|---|---|")
+        for spec, result in results.items():
+            for concurrency, rows in result["vs_reference"].items():
+                print(summary_row(spec, concurrency, rows))
 
 
 if __name__ == "__main__":

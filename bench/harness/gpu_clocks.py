@@ -1,8 +1,8 @@
 """GPU clock and power while a benchmark runs, sampled with nvidia-smi.
 
-The captured Gemma 3 1B decode step sat at 2.23 ms in some server sessions
-and 2.60 ms in others (docs/throughput.md, runs 3-6), and one trial ran at
-1.85 ms. A replayed step of ~20 small kernels per layer is latency-bound, so
+The captured Gemma 3 1B decode step has sat at 2.23 ms in some server
+sessions and 2.60 ms in others, and one trial ran at 1.85 ms
+(docs/dev/lab-log.md). A replayed step of ~20 small kernels per layer is latency-bound, so
 the SM clock is the first suspect; nothing is pinned (the lent GPU's settings
 are left alone), so the harness records what the clock was instead.
 

@@ -18,9 +18,20 @@
 #      ATTNQUANT_ROW_PADDING=0, and ours NVFP4 + capture, one server session
 #      (bench/harness/serve_benchmark.py, the canonical c=1 harness);
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
-#   5. NVFP4 quantization speed on the GPU (bench/kernel_timing/quantize_speed.py).
-# Override: PHASES (default "kernels invariance padding verify quantize"), WAIT_S (540),
-# TRIALS (3), MM_PERCENT (10: each server's memory-manager arena, % of free memory).
+#   5. NVFP4 quantization speed on the GPU (bench/kernel_timing/quantize_speed.py);
+#   6. MTP, beside the invariance servers: random Gemma 4 at the 31B geometry
+#      (G4_LAYERS layers) with its random assistant drafting 3 tokens, ours
+#      NVFP4 as the target, capture on and off, compared token for token with
+#      ours NVFP4 without a drafter, alone and at concurrency 8
+#      (bench/harness/batch_invariance.py --reference);
+#   7. Gemma 3 4B and 27B geometries (Gemma3ForConditionalGeneration, random
+#      weights, the 27B cut to G27_LAYERS layers for the disk), beside the
+#      padding servers: MAX's built-in bf16 against ours NVFP4 + capture, and
+#      at 27B ours serving its own ModelOpt export with attention in bf16
+#      (attnquant quantize --ignore self_attn), c=1 and c=8.
+# Override: PHASES (default "kernels invariance padding verify quantize mtp big"), WAIT_S (540),
+# TRIALS (3), MM_PERCENT (5: each small server's memory-manager arena, % of free memory),
+# G4_LAYERS (4), G27_LAYERS (10).
 # Run it from a copy of the repository outside the working tree (each device
 # call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
 set -uo pipefail
@@ -29,12 +40,17 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
-PHASES="${PHASES:-kernels invariance padding verify quantize}"
+PHASES="${PHASES:-kernels invariance padding verify quantize mtp big}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
-export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-10}"
+export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
+MM="+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"  # a cell's own arena
 
 say() { echo "$(date +%T) $*" | tee -a "$WORK/progress.log"; }
+wait_for() {  # wait_for FILE TEXT: until FILE holds TEXT (at most 15 minutes)
+  local deadline=$(( SECONDS + 900 ))
+  until grep -qs "$2" "$1" || (( SECONDS > deadline )); do sleep 5; done
+}
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
 
 checkpoints() {
@@ -49,10 +65,42 @@ invariance() {  # invariance NAME MODEL PORT
     --out "$WORK/invariance-$1/results.json" > "$WORK/invariance-$1.txt" 2>&1
 }
 
+mtp() {
+  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-4}" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
+    --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
+  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
+    --draft-model "$WORK/g4-assistant" --reference attnquant-nvfp4:on \
+    --cells attnquant-nvfp4:on attnquant-nvfp4-mtp3:on attnquant-nvfp4-mtp3:off attnquant-nvfp4:off \
+    --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.6 --port-base 8500 \
+    --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
+}
+
+big_checkpoints() {  # while the invariance servers compile
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" \
+    --device cuda:0 2>&1 | tail -1
+  python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
+}
+
+big() {  # after the invariance servers are gone
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --trials 2 --concurrency 1 8 \
+    --cells "builtin-bf16:off${MM}=8" "attnquant-nvfp4:on${MM}=7" \
+    --memory-fraction 0.8 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
+    > "$WORK/big-4b.txt" 2>&1 &
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --trials 2 \
+    --concurrency 1 8 --cells "builtin-bf16:off${MM}=12" "attnquant-nvfp4:on${MM}=9" "attnquant-modelopt:on${MM}=9" \
+    --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" --out "$WORK/g3-27b-bench/results.jsonl" \
+    > "$WORK/big-27b.txt" 2>&1 &
+  wait
+}
+
 run() {
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   say "checkpoints"; checkpoints
+  if wants big; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
+  BIG_PREP=$!
   if wants kernels; then  # on the idle card, while the servers below compile on the host
     say "kernels"; ( flock "$LOCK" timeout 420 python3 "$HERE/../kernel_timing/kernels_h200.py" --out "$WORK/kernels" \
       > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
@@ -63,6 +111,9 @@ run() {
       invariance 1b "$WORK/g3-1b" 8300 & invariance 270m "$WORK/g3-270m" 8310 & wait
       say "invariance done"
     fi
+    if wants big; then
+      ( wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big"; big; say "big done" ) &
+    fi
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-3}" \
@@ -70,7 +121,11 @@ run() {
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"
-    fi ) &
+    fi
+    wait ) &
+  if wants mtp; then
+    ( say "mtp"; mtp; say "mtp done" ) &
+  fi
   if wants verify; then
     ( flock "$LOCK" timeout 900 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
@@ -86,11 +141,12 @@ run() {
 collect() {  # at most 8 files come back
   mkdir -p "$OUT"
   { cat "$WORK/gpu.txt" "$WORK/progress.log"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
-  cat "$WORK"/invariance-*.txt > "$OUT/invariance.txt" 2>/dev/null
-  cat "$WORK"/invariance-*/results.json > "$OUT/invariance-results.json" 2>/dev/null
+  cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" > "$OUT/invariance.txt" 2>/dev/null
+  cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
   cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
+  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*b.txt "$WORK"/g3-*-bench/results.jsonl > "$OUT/big.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
       grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -30
@@ -105,7 +161,7 @@ case "${1:-}" in
     setsid nohup bash "$0" run > "$WORK/session.log" 2>&1 < /dev/null &
     sleep 5; exec bash "$0" wait ;;
   collect) collect ;;
-  stop) pkill -TERM -f "serve_benchmark.py|batch_invariance.py"; pkill -f "h200_lease.sh run"; sleep 15; collect ;;
+  stop) pkill -TERM -f "serve_benchmark.py|batch_invariance.py|attnquant verify"; pkill -f "h200_lease.sh run"; sleep 15; collect ;;
   wait)
     deadline=$(( SECONDS + ${WAIT_S:-540} ))
     while [ ! -e "$WORK/done" ] && (( SECONDS < deadline )); do sleep 10; done

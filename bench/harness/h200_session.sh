@@ -2,18 +2,18 @@
 # The H200 decode experiment (Gemma 3 1B geometry, optionally Gemma 4 31B
 # geometry; random weights; the canonical harness bench/harness/serve_benchmark.py), run
 # detached so it can outlast one 10-minute device call. After staging MAX:
-#   source /root/max-env.sh; bash bench/harness/h200_session.sh start         # Gemma 3 (#5, #7), then wait
-#   source /root/max-env.sh; bash bench/harness/h200_session.sh start-gemma4  # Gemma 4 (#6), alone or later
+#   source /root/max-env.sh; bash bench/harness/h200_session.sh start         # Gemma 3 (decode, in-graph paths), then wait
+#   source /root/max-env.sh; bash bench/harness/h200_session.sh start-gemma4  # Gemma 4 (31B geometry), alone or later
 #   source /root/max-env.sh; bash bench/harness/h200_session.sh wait          # wait again, collect
 #   bash bench/harness/h200_session.sh collect                               # copy what is there, now
 #   bash bench/harness/h200_session.sh stop                                  # end it (servers included), collect
 # (never put a pkill -f pattern in the device command line itself: it matches its own shell)
 # Each call waits up to WAIT_S (540 s) and copies tables and log digests to $OUT.
 # GPU 0. One harness run for all Gemma 3 cells: every server is up before the
-# first trial (in run 3 a trial beside nine compiling servers ran at 40 %).
+# first trial (a trial beside nine compiling servers has run at 40 % speed).
 # The generated_linear kernel check runs last, on an idle card (KERNEL_BENCH=1).
 # Override: E2E_CELLS, INGRAPH_CELLS, G3_FRACTION (0.5: MAX applies it to the
-# capped arena), INGRAPH_SET (a or b: half of #7's grid each), MM_PERCENT
+# capped arena), INGRAPH_SET (a or b: half of the in-graph grid each), MM_PERCENT
 # (10; empty: MAX's default), G4_MM_PERCENT (empty;
 # the Gemma 4 cells set their own), G4_CELLS, G4_FALLBACK_CELLS, G4_LAYERS (30),
 # G4_FRACTION (0.9), G4_FALLBACK_FRACTION (0.42), SESSIONS (2), TRIALS (3 per
@@ -25,26 +25,25 @@ DRAFT_ARGS=""  # set by run_gemma4 when a cell drafts with the assistant (MTP)
 OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 LOCK="$WORK/gpu.lock"  # held while anything is timed: measurements never overlap
-# Weight preparation on the host, as in runs 1-6, until GPU preparation has
-# served on the H200 (one Gemma 4 cell asks for it; a cell's +ENV overrides).
+# Weight preparation on the host unless a cell's +ENV says otherwise (one
+# Gemma 4 cell asks for the GPU).
 export ATTNQUANT_PREPARE_DEVICE="${ATTNQUANT_PREPARE_DEVICE:-cpu}"
-# Issue #5: the end-to-end decode cells (capture pinned on every cell).
+# The end-to-end decode cells (capture pinned on every cell).
 # NVFP4 + capture first (the harness starts the first cell alone). NVFP4 capture
 # off with DISPATCH=gemv (no F.cond) is the A/B for capture-off NVFP4's slowness.
 E2E_CELLS="${E2E_CELLS-attnquant-nvfp4:on builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:off \
 attnquant-nvfp4:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
-# Issue #7: in-graph reconstruction paths (precompute-outside serves dense W_eff:
+# In-graph reconstruction paths (precompute-outside serves dense W_eff:
 # the same graph as attnquant-bf16:on above, so that cell is their baseline).
 # Capture-on servers each back their whole arena (~13 GB at MM_PERCENT=10):
 # with the two e2e ones, six in-graph cells fill the card.
-# Run 3 measured generated_linear at G=13 R=4; GEMM and fold at R=4 needed the
-# rank padding (attnquant.graph.matmul.MIN_INNER_MULTIPLE).
+# GEMM and fold at R=4 need the rank padding (attnquant.max_compat.MIN_INNER_MULTIPLE).
 IG="attnquant-bf16:on+ATTNQUANT_PRECOMPUTE_OUTSIDE=0"
 GEMM="$IG+ATTNQUANT_GEMM=1" GENERATED="$IG+ATTNQUANT_GEMM=0" FOLD="$IG+ATTNQUANT_PRECOMPUTE=1"
-# Issue #7's grid: each path at G in {1, 13, 26} x R in {4, 32} (G = 26 is
+# The in-graph grid: each path at G in {1, 13, 26} x R in {4, 32} (G = 26 is
 # passthrough: no residual, R does not apply), 15 cells. Nine capturing
-# servers fill the card, so it takes two leases: INGRAPH_SET=a (run 4's six
-# cells again, for their second session, + GEMM G=1 R=32), then b (the rest).
+# servers fill the card, so it takes two leases: INGRAPH_SET=a (seven cells),
+# then b (the other eight).
 # E2E_CELLS="attnquant-bf16:on" gives both their baseline (dense W_eff).
 case "${INGRAPH_SET:-a}" in
   a) SET="$GEMM+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=4 $GEMM+ATTNQUANT_BLOCKS=1+ATTNQUANT_RANK=32 \
@@ -73,7 +72,7 @@ memory_env() {  # memory_env ARENA_PERCENT (empty: MAX's default arena)
   export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1
   # A capture-on server backs its whole memory-manager arena up front; uncapped,
   # the next one failed in vmmCreate (OOM). Capped, eight servers (five capturing) fit
-  # (docs/throughput.md, run 3).
+  # (docs/dev/lab-log.md).
   [ -n "$1" ] && export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="$1"
   # What each process holds, every 20 s (the evidence if capture fails again);
   # one logger per machine, though run and run-gemma4 both come here.
@@ -102,25 +101,25 @@ run() {
   touch "$WORK/done"
 }
 
-# Issue #6: Gemma 4 at 31B geometry: MAX built-in bf16 vs NVFP4-all vs
+# Gemma 4 at 31B geometry: MAX built-in bf16 vs NVFP4-all vs
 # QUANT_IGNORE=self_attn. Neither of MAX 26.7's built-in Gemma 4s compiles for
 # sm_90a there (bench/checks/sm90_model_compile.py --max-builtin), so the baseline is
 # ours at bf16 passthrough (MAX's ModuleV3 Gemma 4 layers, two matmuls split)
 # *without* capture: MAX's built-in for Gemma4ForConditionalGeneration, the
-# 31B's architecture, does not capture. Ours capture (ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1),
+# 31B's architecture, does not capture. Ours capture (each cell's :on/:off says so),
 # plus NVFP4's capture-off twin for the on/off greedy identity.
 # Memory: MAX plans weights + a fixed 15 GiB of Gemma 4 activations (+ 0.3
 # GiB signal buffers) within 0.9 of a server's arena; the arena is a
 # percentage of the memory free when the server starts, and a capturing
 # server backs all of it. The harness starts the first cell alone in every
-# session, so the others see ~104 of 140 GiB (run 5). Needs (GiB): NVFP4-all
+# session, so the others see ~104 of 140 GiB. Needs (GiB): NVFP4-all
 # 25.6 (25 % of 140 = 35, backed), bf16 45.2 (51 % of 104: 53, uses ~33),
 # NVFP4-MLP 31.3 (36 % of 104: 38, backed), the twin 25.6 (30 % of 104: 31,
-# uses ~13): ~120 GiB in all (run 7 measured 35.6 + 33.1 + 37.4 + 13.8 =
-# 122 GiB; all 24 trials were done 22 device minutes after the machine
-# started). Listed in priority: session 1's last cells are the first a short
+# uses ~13): ~120 GiB in all (measured on the H200, 2026-12-01: 35.6 + 33.1
+# + 37.4 + 13.8 = 122 GiB; all 24 trials were done 22 device minutes after
+# the machine started). Listed in priority: session 1's last cells are the first a short
 # lease loses.
-G4CAP="ATTNQUANT_GEMMA4_GRAPH_CAPTURE=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
+G4CAP="MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
 # Weights are prepared on the host (ATTNQUANT_PREPARE_DEVICE=cpu above) except
 # in the NVFP4-MLP cell, the first serving run of GPU preparation: if it
 # breaks, the cell that breaks is not the main one.
@@ -134,7 +133,7 @@ attnquant-nvfp4-mlp:off+ATTNQUANT_NVFP4_DISPATCH=gemv}"
 run_gemma4() {  # alone, or after run on the same machine: shares the lock
   memory_env "${G4_MM_PERCENT-}"  # per cell above; empty here
   # 30 layers: the bytes-per-token ceiling of NVFP4-all over bf16 is 2.90x
-  # there (1.94x at 6 layers: the bf16 LM head dominates; docs/throughput.md).
+  # there (1.94x at 6 layers: the bf16 LM head dominates; docs/dev/lab-log.md).
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
   # NVFP4 preparation on the GPU vs the host, 2 layers: same bits? how fast?
   timeout 240 python3 "$HERE/../checks/prepare_device_check.py" "$WORK/g4-model" --layers 2 > "$WORK/prepare-device.txt" 2>&1
@@ -166,7 +165,7 @@ collect() {  # at most 8 files come back
   { echo "== torch reference"; grep -a -o -E "G=[0-9]+ R=.*|.*(Error|Traceback).*" "$WORK/greedy-reference.txt"; } \
     >> "$OUT/greedy.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
-    # (progress bars left out: in run 7 they pushed the preparation-device line out)
+    # (progress bars left out: they push the preparation-device line out of the tail)
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
       grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -40
   done > "$OUT/server-logs.txt" 2>/dev/null

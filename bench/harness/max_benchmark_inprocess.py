@@ -8,7 +8,7 @@ code's tokenizer process pool. MAX spawns up to 16 worker processes, each
 importing MAX and loading the tokenizer, twice per invocation, to decode a
 few random prompts. On the H200 host with servers resident that cost 60-70 s
 per trial against ~3 s of requests (2026-12-01), and it made one lease too
-short for the trials an issue asks for. Here the pool's ``map`` runs in this
+short for the trials a comparison needs. Here the pool's ``map`` runs in this
 process with the parent's tokenizer: the same calls on the same tokenizer, so
 the prompts are the same.
 

@@ -1,10 +1,11 @@
-"""The canonical decode harness: ``max serve`` + ``max benchmark`` at concurrency 1.
+"""The canonical decode harness: ``max serve`` + ``max benchmark`` at concurrency 1 (and others on request).
 
 ``python bench/harness/serve_benchmark.py --model DIR --cells CELL ... --sessions 2
 --trials 3 --out results.jsonl`` runs, for each server session, one server per
 cell (the first alone, then the rest at once), then one server at a time, ``--trials``
 runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
-``--num-prompts`` prompts, temperature 0; through
+``--num-prompts`` prompts, temperature 0; at each ``--concurrency``, default 1,
+with ``--num-prompts`` times that many prompts; through
 ``bench/harness/max_benchmark_inprocess.py``: MAX's benchmark, a cell's trials in one
 process); it appends one JSON line per trial,
 stops every server, and starts the next session. It prints a table of the
@@ -35,6 +36,8 @@ Variants:
                         with an assistant: bench/checkpoints/make_random_gemma4_assistant.py)
   attnquant-bf16-mtp3   the same with passthrough weights: whether what the MTP
                         path serves depends on NVFP4
+  attnquant-modelopt    ours serving ``--export``, an NVFP4 checkpoint in ModelOpt's
+                        layout (``attnquant quantize``), as stored, no ATTNQUANT_* set
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "attnquant-bf16": (OURS, {"ATTNQUANT_QUANT": "none"}),
     "attnquant-nvfp4": (OURS, {"ATTNQUANT_QUANT": "nvfp4"}),
     "attnquant-nvfp4-mlp": (OURS, {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_QUANT_IGNORE": "self_attn"}),
+    "attnquant-modelopt": (OURS, {}),
 }
+EXPORTED = "attnquant-modelopt"  # served from --export, an NVFP4 checkpoint, with no ATTNQUANT_* set
 DRAFTED = "-mtp3"  # a variant so suffixed is its base served with the assistant drafting 3 tokens
 VARIANTS |= {f"{name}{DRAFTED}": VARIANTS[name] for name in ("attnquant-nvfp4", "attnquant-bf16")}
 LOAD_LINE = re.compile(r"attnquant load: .*")
@@ -98,6 +103,8 @@ class Cell:
 
 def served_model(cell: Cell, args: argparse.Namespace) -> Path:
     """The checkpoint a cell serves (also the model name its requests use)."""
+    if cell.variant == EXPORTED:
+        return args.export
     return args.mtp_target if cell.drafted_tokens else args.model
 
 
@@ -138,15 +145,16 @@ def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float
     raise TimeoutError(f"not ready in {timeout_s:.0f}s:\n{log.read_text()[-2500:]}")
 
 
-def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int) -> list[dict]:
-    """``trials`` runs of MAX's benchmark in one process; their result files,
-    in order (fewer than asked when a run failed, with the error printed)."""
+def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int, concurrency: int = 1) -> list[dict]:
+    """``trials`` runs of MAX's benchmark in one process, ``num_prompts`` requests
+    each, ``concurrency`` at a time; their result files, in order (fewer than
+    asked when a run failed, with the error printed)."""
     args = [
         # MAX's benchmark, its tokenizer pool in-process (see that file: the
         # pool's process spawns cost 60-70 s per trial on the H200 host).
-        sys.executable, str(REPO / "bench" / "max_benchmark_inprocess.py"), "--repeat", str(trials),
+        sys.executable, str(Path(__file__).resolve().parent / "max_benchmark_inprocess.py"), "--repeat", str(trials),
         "--model", str(model), "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
-        "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", str(concurrency),
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
         "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
         "--log-dir", str(result.parent / "benchmark-logs"),
@@ -167,8 +175,8 @@ class Greedy:
     finish_reason: str | None
 
     def note(self) -> str:
-        """Why a text is empty though tokens were generated (run 8's MTP
-        cells: 128 tokens, no text): the ids say which tokens they were."""
+        """Why a text is empty though tokens were generated (an MTP cell has
+        returned 128 tokens and no text): the ids say which tokens they were."""
         if self.text or not self.token_ids:
             return ""
         return f"empty text from {len(self.token_ids)} tokens ({self.finish_reason}): ids {self.token_ids[:12]}"
@@ -226,7 +234,7 @@ def run_session(
                 # compiles of one kernel library race: "file too short"), and
                 # in every session, because MAX sizes a server's memory arena
                 # (MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT) from the
-                # memory free when it starts: one start order, one plan (run 5).
+                # memory free when it starts: one start order, one plan.
                 with contextlib.suppress(RuntimeError, TimeoutError):
                     wait_ready(servers[cell.spec][0], port, log, args.ready_timeout)
         for cell in cells:
@@ -244,7 +252,7 @@ def run_session(
                 print(f"greedy {cell.spec} session {session}: {greedy.note()}", flush=True)
             started.add(cell.spec)
         # Before the trials, not at the end: a run the lease cuts short still
-        # says whether capture changed the output (run 4 lost it).
+        # says whether capture changed the output.
         (logs / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
         print_greedy_identity(cells, texts)
         for cell in cells:
@@ -253,20 +261,31 @@ def run_session(
             _, port, _ = servers[cell.spec]
             with measuring(args.gpu_lock):
                 measure_cell(cell, session, port, args, rows)
-            print(summary(rows, cell.spec), flush=True)
+            for concurrency in args.concurrency:
+                print(summary(rows, cell.spec, concurrency=concurrency), flush=True)
     finally:
         for server, _, _ in servers.values():
             stop(server)
 
 
 def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
-    result = args.out.parent / f"bench-{cell.slug}-{session}.json"
-    with ClockSampler() as clocks:
-        trials = run_trials(served_model(cell, args), port, result, args.num_prompts, args.trials)
+    for concurrency in args.concurrency:
+        suffix = "" if concurrency == 1 else f"-c{concurrency}"
+        result = args.out.parent / f"bench-{cell.slug}-{session}{suffix}.json"
+        with ClockSampler() as clocks:
+            trials = run_trials(
+                served_model(cell, args), port, result, args.num_prompts * concurrency, args.trials, concurrency
+            )
+        record_trials(cell, session, concurrency, trials, clocks, args.out, rows)
+
+
+def record_trials(
+    cell: Cell, session: int, concurrency: int, trials: list[dict], clocks: ClockSampler, out: Path, rows: list[dict]
+) -> None:
     for trial, r in enumerate(trials):
         row = {
-            "cell": cell.spec, "session": session, "trial": trial,
-            # At concurrency 1: generated tokens over the trial's wall time.
+            "cell": cell.spec, "session": session, "trial": trial, "concurrency": concurrency,
+            # Generated tokens (of every request) over the trial's wall time.
             "output_tok_s": r["total_output_tokens"] / r["duration"],
             "mean_tpot_ms": r.get("mean_tpot_ms"),
             "mean_ttft_ms": r.get("mean_ttft_ms"),
@@ -275,12 +294,14 @@ def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, 
             **clocks.during(r["unix_time"] - r["duration"], r["unix_time"]),
         }  # fmt: skip
         rows.append(row)
-        with args.out.open("a") as f:
+        with out.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
 
-def summary(rows: list[dict], spec: str, markdown: bool = False) -> str:
-    cell = [r for r in rows if r["cell"] == spec]
+def summary(rows: list[dict], spec: str, markdown: bool = False, concurrency: int = 1) -> str:
+    cell = [r for r in rows if r["cell"] == spec and r.get("concurrency", 1) == concurrency]
+    if concurrency != 1:
+        spec = f"{spec} c={concurrency}"
     if not cell:
         return f"| {spec} | 0 | - | - | - |" if markdown else f"{spec}: no trials"
     tok_s = [r["output_tok_s"] for r in cell]
@@ -329,7 +350,8 @@ def main() -> None:
     parser.add_argument("--cells", nargs="+", required=True, help="VARIANT:on|off[+ENV=VALUE...]")
     parser.add_argument("--sessions", type=int, default=2)
     parser.add_argument("--trials", type=int, default=3, help="per cell per session")
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--num-prompts", type=int, default=8, help="per trial, times the concurrency")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests in flight (each measured)")
     parser.add_argument("--memory-fraction", type=float, default=0.18)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--port-base", type=int, default=8100)
@@ -339,8 +361,11 @@ def main() -> None:
     parser.add_argument("--gpu-lock", type=Path, help="lock file shared by harnesses measuring on one GPU")
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
+    parser.add_argument("--export", type=Path, help=f"the NVFP4 checkpoint {EXPORTED} cells serve (attnquant quantize)")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
+    if any(Cell.parse(spec).variant == EXPORTED for spec in args.cells) and not args.export:
+        parser.error(f"a {EXPORTED} cell needs --export (attnquant quantize writes one)")
     # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
     # which stops every server's process group (model workers included).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -352,8 +377,9 @@ def main() -> None:
     for session in range(args.sessions):
         run_session(session, cells, args, rows, texts)
     print("\n| cell | trials | median tok/s | range tok/s | median TPOT ms |\n|---|---|---|---|---|")
-    for cell in cells:
-        print(summary(rows, cell.spec, markdown=True))
+    for concurrency in args.concurrency:
+        for cell in cells:
+            print(summary(rows, cell.spec, markdown=True, concurrency=concurrency))
 
 
 if __name__ == "__main__":

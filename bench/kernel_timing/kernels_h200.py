@@ -1,4 +1,4 @@
-"""Issue #24: every sm90 NVFP4 GEMV variant, checked and timed on the H200 in one call.
+"""Every sm90 NVFP4 GEMV variant, checked and timed on the H200 in one call.
 
 No MAX on the device: the kernels are compiled here (Mojo -> PTX -> sm_90a
 cubin) and launched with CuPy; torch (already on the device image) draws the
@@ -35,7 +35,7 @@ What it does, in order (a budget guard skips what no longer fits and says so):
    bf16, x vs MAX bf16 (MAX's figure from docs/dev/kernels.md, 2026-11-29, where
    there is one; MAX is not on this machine), rel err; best per shape.
 
-Variant names (bench/nvfp4_ptx_harness.mojo; op `variant` in brackets):
+Variant names (bench/kernel_timing/nvfp4_ptx_harness.mojo; op `variant` in brackets):
   gv0 [0] register kernel, 4 groups/batch   a5 [1] cp.async ring MT2 TN2   g4 [2] register MT2
   b3sK [3] bulk ring S4 G2   b4sK [4] bulk ring S3 G4   b5sK [5] bulk MT2 TN2   b6sK [6] bulk MT2 TN4
   r7sK [7] register kernel, hoisted global scale   b8sK [8] bulk ring S4 G4;   sK = cluster split-K.
@@ -703,7 +703,7 @@ def print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log
             f"({r.get('us_again', float('nan')):.2f}) | {r['tbs']:.2f} | {r['pct_copy']:.0f} | {r['x_torch']:.2f} | {xm} "
             f"| {old} | {r['err']:.1e} |")
     log("* MAX bf16 from docs/dev/kernels.md (same H200 kind, 2026-11-29); MAX is not run here.")
-    # Targets of issue #24 against this run.
+    # The kernel targets (docs/dev/kernels.md) against this run.
     t1 = [r for r in summary if (r["n"], r["k"]) in SHAPES_31B]
     miss1 = [f"{r['name']} M={r['m']} {r['pct_copy']:.0f}%" for r in t1
              if r["pct_copy"] < (85 if r["m"] == 1 else 75)]

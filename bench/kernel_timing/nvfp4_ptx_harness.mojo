@@ -1,9 +1,10 @@
 # Builds every sm90 GEMV variant (and the dequant kernel) to PTX without a GPU:
 #   mojo build -I kernels --target-accelerator sm_90 --emit asm \
-#       -o /tmp/h.s bench/nvfp4_ptx_harness.mojo
-# (bench/build_ptx.sh does this and names the files). main() is never run; it
-# only makes the compiler instantiate each kernel. bench/nvfp4_ptx_bench.py
-# loads the PTX on the H200 with CuPy: kernel-level timing with no MAX install.
+#       -o /tmp/h.s bench/kernel_timing/nvfp4_ptx_harness.mojo
+# (bench/kernel_timing/build_ptx.sh does this and names the files). main() is
+# never run; it only makes the compiler instantiate each kernel.
+# bench/kernel_timing/kernels_h200.py (and nvfp4_ptx_bench.py) load the PTX on
+# the H200 with CuPy: kernel-level timing with no MAX install.
 
 from max.gpu import block_idx, thread_idx
 from max.gpu.host import DeviceContext
@@ -26,8 +27,8 @@ comptime F32 = Pointer[Float32, ImmutAnyOrigin]
 
 
 # One wrapper per variant, so that the PTX file and entry carry its name (the
-# compiler truncates names, hence short ones; bench/nvfp4_ptx_bench.py VARIANTS
-# maps them to their parameters).
+# compiler truncates names, hence short ones; the VARIANTS tables of
+# kernels_h200.py and nvfp4_ptx_bench.py map them to their parameters).
 def gv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
 

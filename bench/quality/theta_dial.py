@@ -1,7 +1,7 @@
 """The theta dial, priced: what ATTNQUANT_BLOCKS below the layer count does to a model.
 
 For every G dividing the layer count and every rank R in ``--ranks`` (the
-largest, ``min(N, K)`` of the projections, rebuilds every layer exactly),
+largest projection's ``min(N, K)``, rebuilds every layer exactly),
 with and without NVFP4: mean KL(checkpoint || served), top-1 agreement and
 perplexity over ``--tokens`` tokens of a text (``attnquant verify
 --reference transformers``'s measurement, float32 on the CPU), the mean and
@@ -61,7 +61,7 @@ def main() -> int:
     state = load_state_dict(args.model_dir)
     keys = find_projections(state)
     layers = num_layers_of(keys)
-    full_rank = min(min(state[k.weight_name].shape) for k in keys)
+    full_rank = max(min(state[k.weight_name].shape) for k in keys)
     checkpoint_bytes = sum(state[k.weight_name].numel() * state[k.weight_name].element_size() for k in keys)
     windows = text_windows(args.model_dir, load_text(args.text), window=args.window, tokens=args.tokens)
     reference = transformers_source(args.model_dir, {})

@@ -8,8 +8,9 @@
 #   attnquant.generated_linear    y = s * (x @ W0.T) + (x @ v) @ u.T, CPU + GPU
 #   attnquant.generated_mlp       down(gelu_tanh(gate(x)) * up(x)), each a theta
 #
-# Python wrappers and the backend chooser live in attnquant/kernels.py; the
-# prepared layout is produced there by prepare_weights().
+# The Python side: one backend per file in attnquant/graph/nvfp4/ (and the
+# chooser in its __init__); the prepared layout is produced at load by
+# kernels/sm90_layout.py's prepare_weights().
 
 import extensibility
 from extensibility import InputTensor, OutputTensor

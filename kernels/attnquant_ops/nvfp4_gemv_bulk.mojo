@@ -1,4 +1,4 @@
-# sm90 NVFP4 GEMV, second generation (issue #24): bulk-copy weight rings,
+# sm90 NVFP4 GEMV, second generation: bulk-copy weight rings,
 # split-K over a thread-block cluster, and the op's variant dispatcher.
 #
 # Same prepared layout, decode and numerics as the kernels in
@@ -606,7 +606,7 @@ def pick_bulk_split(blocks: Int, k_groups: Int, min_groups: Int) -> Tuple[Int, I
     spot, 132 SMs) while every warp keeps >= min_groups k-groups (a ring needs
     something to stream): kw grows 4 -> 8 first, then the cluster split SK
     2 -> 4 for grids too short to fill the SMs (N = 1152, 5376). The device
-    sweep (bench/kernels_h200.py) overrides both."""
+    sweep (bench/kernel_timing/kernels_h200.py) overrides both."""
     var kw = 4
     var sk = 1
     while blocks * kw * sk < 2560:
@@ -706,7 +706,7 @@ def _launch_reg[
 
 # The op's `variant` parameter (compile-time, so a graph compiles only the
 # kernels it can launch; -1 compiles the auto pair 0/1):
-#   0  register kernel, MT=1 (M <= 8)             } issue #11 kernels, unchanged;
+#   0  register kernel, MT=1 (M <= 8)             } the first kernels, unchanged;
 #   1  cp.async ring, MT=2, TN=2 (M <= 16)         } -1 picks 0 for M <= 8,
 #   2  register kernel, MT=2 (M <= 16)             } else 1
 #   3  bulk ring, MT=1 TN=1, 4 stages x 2 groups   (M <= 8)

@@ -5,7 +5,7 @@
 #     scale_bits uint8 [N, K/16] (raw float8_e4m3fn bits), global_scale f32 [1].
 #     Used by the CPU kernel, the generic GPU kernel and the generic dequant.
 #   * sm90 ("prepared"): the same bytes re-laid out once at load time by
-#     attnquant.kernels.prepare_weights so that one 16-byte load per lane gives
+#     kernels/sm90_layout.py's prepare_weights so that one 16-byte load per lane gives
 #     the lane exactly its mma.sync A-fragment codes for a 16x64 tile, and the
 #     codes are GF(2)-pre-encoded so that 4 rotations + 4 LOP3 decode 8 weights
 #     into bf16 bit patterns (see _decode_word). Scales are re-encoded to an
@@ -765,7 +765,7 @@ def nvfp4_dequant_sm90_kernel(
 #      best measured for M = 16: x fragments are reused over 2 n-tiles)
 #   2: register-staged kernel, 2 m8 tiles (M <= 16; the alternative to 1)
 # Larger M is processed in chunks of 8 or 16 rows (grid.y), re-reading the
-# weights per chunk; attnquant.kernels routes M > 16 to dequantize + matmul.
+# weights per chunk; attnquant.graph.nvfp4 routes M > 16 to dequantize + matmul.
 
 
 def _pick_kw(blocks: Int, k_groups: Int, target_warps: Int) -> Int:

@@ -34,7 +34,7 @@ SM90_TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}
 """(N, K) -> (variant, kw, splitk) of ``attnquant.nvfp4_gemv_sm90`` for M <= 16:
 a variant measured on the H200 (bench/kernel_timing/kernels_h200.py) to be at
 least as fast as the original kernels at every M from 1 to 16. None is yet:
-each fast variant wins at some M and loses at others (docs/dev/kernels.md)."""
+none was measured at least as fast at every M (docs/dev/kernels.md)."""
 SM90_MAX_VARIANT = 8  # nvfp4_gemv_bulk.mojo: SM90_VARIANTS - 1
 _BULK_VARIANTS = (3, 4, 5, 6, 8)  # the bulk-copy rings: the ones with programmatic dependent launch
 
@@ -74,7 +74,11 @@ class MojoSM90Backend(NVFP4Backend):
         problem = _fast_variant_problem(wanted, config)
         if problem:
             return (), f"{source} not taken: {problem}; original kernels"
-        if not wanted["pdl"]:
+        if wanted["variant"] >= 3 and wanted["splitk"] == 0:
+            wanted["splitk"] = 1  # 0 lets the op pick a cluster split-K, which faults (above)
+        if wanted["pdl"]:
+            wanted["pdl"] = True  # the op's parameter is a Bool: an integer does not convert
+        else:
             del wanted["pdl"]
         return tuple(wanted.items()), source
 
@@ -101,6 +105,4 @@ def _fast_variant_problem(wanted: dict[str, int], config: NVFP4LayerConfig) -> s
         return f"the fast variants need sm_90 (bulk copies, clusters), device is {config.device_arch}"
     if config.n % TILE_N or config.k % TILE_K:
         return f"[{config.n}, {config.k}] is not whole {TILE_N}x{TILE_K} tiles (the fast variants stream whole tiles)"
-    if wanted["splitk"] > 1 and config.k // TILE_K < wanted["splitk"]:
-        return f"K={config.k} has {config.k // TILE_K} k-groups for splitk={wanted['splitk']}"
     return None

@@ -1,6 +1,6 @@
 """attnquant's architectures plus a float32-capable Gemma 4 assistant, for CPU MTP checks.
 
-``--custom-architectures bench/mtp_cpu`` (with ``site/`` on PYTHONPATH: see
+``--custom-architectures bench/checks/mtp_cpu`` (with ``site/`` on PYTHONPATH: see
 ``bench/checks/mtp_cpu_check.py``). MAX's ``Gemma4AssistantForCausalLM`` accepts only
 bfloat16, which MAX refuses on CPU; the fused MTP model loads the assistant's
 tensors as they are on disk, so on CPU they must be float32 there too.

@@ -173,9 +173,11 @@ SETTINGS: tuple[Setting, ...] = (
         changes_weights=True,
     ),
     _choice(
-        "ATTNQUANT_SCALE_SEARCH", "scale_search", ("rtn", "mse"), "rtn",
-        "NVFP4 block scales: rtn is MAX's reference rounding; mse tries neighbouring "
-        "scales per block and keeps the least squared error.",
+        "ATTNQUANT_SCALE_SEARCH", "scale_search", ("weighted", "rtn", "mse"), "weighted",
+        "NVFP4 block scales: weighted tries RTN's and 8 other E4M3 scales per block and keeps "
+        "the least error weighted by each input column's importance, estimated from the "
+        "checkpoint (no calibration data; docs/quality.md prices it); rtn is MAX's reference "
+        "rounding; mse tries 5 scales and keeps the least plain squared error.",
         changes_weights=True,
     ),
     _choice(
@@ -288,7 +290,7 @@ class AttnQuantConfig:
     quant: Literal["none", "nvfp4"] = "none"
     quant_ignore: tuple[str, ...] = ()
     lm_head: Literal["bf16", "nvfp4"] = "bf16"
-    scale_search: Literal["rtn", "mse"] = "rtn"
+    scale_search: Literal["weighted", "rtn", "mse"] = "weighted"
     prepare_device: Literal["auto", "cpu", "gpu"] = "auto"
     nvfp4_dispatch: Literal["auto", "gemv"] = "auto"
     sm90_variant: str = ""

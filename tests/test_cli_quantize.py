@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnquant.formats import nvfp4
+from attnquant.load import importance
 from attnquant.tools import cli
 from attnquant.load.checkpoint import load_state_dict
 from attnquant.formats.names import find_projections
@@ -61,11 +62,18 @@ def test_writes_a_modelopt_nvfp4_checkpoint(
 
     original, written = load_state_dict(tiny_gemma3_dir), load_file(str(out / "model.safetensors"))
     projections = find_projections(original)
+    # The default selection, weighted by the importances a served load computes.
+    importances = importance.projection_importances(
+        original, projections, importance.GEMMA3, embedding="model.embed_tokens.weight"
+    )
     for key in projections:
         # Fused groups (q|k|v, gate|up) share one global scale: their amax.
         group = [k for k in projections if k.layer == key.layer and group_name(k.proj) == group_name(key.proj)]
         amax = max(original[k.weight_name].abs().max().float().item() for k in group)
-        expected = nvfp4.quantize(original[key.weight_name], amax=amax)
+        expected = nvfp4.quantize(
+            original[key.weight_name], amax=amax, scale_policy=nvfp4.ScalePolicy.WEIGHTED,
+            importance=importances[key.weight_name],
+        )  # fmt: skip
         module = key.module_name
         assert torch.equal(written[f"{module}.weight"], expected.packed)
         assert torch.equal(

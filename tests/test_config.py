@@ -120,7 +120,7 @@ def test_weight_fingerprint_has_exactly_the_weight_changing_fields() -> None:
     config = AttnQuantConfig(blocks=2, quant_ignore=("mlp",), gemm=True, cache=False)
     assert config.weight_fingerprint() == {
         "blocks": 2, "rank": 16, "precompute_outside": True, "quant": "none",
-        "quant_ignore": ["mlp"], "lm_head": "bf16", "scale_search": "rtn",
+        "quant_ignore": ["mlp"], "lm_head": "bf16", "scale_search": "weighted",
     }  # fmt: skip
     # Settings that only change how weights run leave the fingerprint alone.
     assert (

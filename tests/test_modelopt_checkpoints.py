@@ -15,7 +15,7 @@ from max.dtype import DType
 from safetensors.torch import load_file, save_file
 
 from attnquant.config import AttnQuantConfig
-from attnquant.load import pipeline
+from attnquant.load import importance, pipeline
 from attnquant.load.checkpoint import load_state_dict
 from attnquant.load.memory import check_before_serving, quantization_saving
 from attnquant.tools import cli
@@ -28,10 +28,11 @@ def export(source: Path, out: Path, *ignore: str) -> Path:
 
 
 def load(model_dir: Path, cache: Path, **settings: object) -> pipeline.PreparedWeights:
+    """A load as our Gemma 3 architecture makes it (its residual stream for the scale search)."""
     config = AttnQuantConfig(cache_dir=cache, **settings)  # type: ignore[arg-type]
     return pipeline.prepare_weights(
         load_state_dict(model_dir), config, checkpoint_files=sorted(model_dir.glob("*.safetensors")),
-        num_layers=2, dtype=DType.float32, device_api="cpu",
+        num_layers=2, dtype=DType.float32, device_api="cpu", stream=importance.GEMMA3,
     )  # fmt: skip
 
 

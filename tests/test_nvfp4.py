@@ -131,7 +131,8 @@ def test_tabulated_encoder_agrees_with_direct_on_every_16bit_input(dtype: torch.
         scale_codes = torch.full(values.shape[:2], int(code), dtype=torch.uint8)
         assert torch.equal(table.codes(values, scale_codes), direct.codes(values, scale_codes))
         assert torch.equal(
-            table.block_errors(values, scale_codes), direct.block_errors(values, scale_codes)
+            table.element_errors(table.search_view(values), scale_codes),
+            direct.element_errors(direct.search_view(values), scale_codes),
         )
 
 
@@ -269,49 +270,128 @@ def test_typical_relative_error() -> None:
     assert 0.05 < relative < 0.15  # NVFP4 on Gaussian data is ~0.1
 
 
-def block_errors(weight: torch.Tensor, q: NVFP4Weight) -> torch.Tensor:
-    return (block_view(weight).double() - block_view(nvfp4.dequantize(q)).double()).square().sum(-1)
+def block_errors(weight: torch.Tensor, q: NVFP4Weight, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 [N, K/16]: each block's (importance-weighted) squared error of the decoded weights."""
+    errors = (block_view(weight).double() - block_view(nvfp4.dequantize(q)).double()).square()
+    if importance is not None:
+        errors = errors * importance.double().view(-1, 16)
+    return errors.sum(-1)
 
 
-@settings(max_examples=40, deadline=None)
+SEARCHES = (ScalePolicy.MSE, ScalePolicy.WEIGHTED)
+
+
+def outlier_weights(rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, kind: str) -> torch.Tensor:
+    """Random [rows, 16 blocks] weights of a kind the searches must survive."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, blocks * 16, generator=generator) * scale
+    if kind == "heavy":
+        weight = weight * torch.rand(rows, blocks * 16, generator=generator).pow(-2)
+    elif kind == "outlier":  # one huge element per block
+        weight.view(rows, blocks, 16)[:, :, 0] *= 1e3
+    elif kind == "zero-blocks":
+        weight.view(rows, blocks, 16)[:, ::2] = 0
+    elif kind == "subnormal":  # bf16/fp16 subnormals only (fp32: tiny normals)
+        tiny = torch.finfo(dtype).tiny
+        weight = torch.randint(-8, 9, weight.shape, generator=generator).float() * tiny / 16
+    return weight.clamp(-60000, 60000).to(dtype)  # float16 overflows past 65504
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(1, 4),
     blocks=st.integers(1, 3),
     dtype=st.sampled_from(DTYPES),
     scale=st.sampled_from([1e-6, 0.02, 1.0, 1e4]),
     seed=st.integers(0, 2**31 - 1),
-    heavy=st.booleans(),
+    kind=st.sampled_from(["gaussian", "heavy", "outlier", "zero-blocks", "subnormal"]),
+    policy=st.sampled_from(SEARCHES),
+    weighted=st.booleans(),
 )
-def test_mse_never_increases_a_block_error(
-    rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, heavy: bool
-) -> None:
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(rows, blocks * 16, generator=generator) * scale
-    if heavy:
-        weight = weight * torch.rand(rows, blocks * 16, generator=generator).pow(-2)
-    weight = weight.clamp(-60000, 60000).to(dtype)  # float16 overflows past 65504
-    rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
-    rtn_error, mse_error = block_errors(weight, rtn), block_errors(weight, mse)
-    # Both sides are float64 sums of the same float32 terms, in possibly
-    # different order: allow that rounding, nothing more.
-    assert (mse_error <= rtn_error * (1 + 1e-12) + 1e-300).all()
-    assert torch.equal(mse.global_scale, rtn.global_scale)
+def test_a_search_never_increases_a_block_error(
+    rows: int, blocks: int, dtype: torch.dtype, scale: float, seed: int, kind: str,
+    policy: ScalePolicy, weighted: bool,
+) -> None:  # fmt: skip
+    weight = outlier_weights(rows, blocks, dtype, scale, seed, kind)
+    importance = None
+    if weighted and policy is ScalePolicy.WEIGHTED:
+        importance = torch.rand(blocks * 16, generator=torch.Generator().manual_seed(seed)).pow(3)
+    rtn = nvfp4.quantize(weight)
+    searched = nvfp4.quantize(weight, scale_policy=policy, importance=importance)
+    assert torch.isfinite(nvfp4.dequantize(searched)).all()
+    assert not (searched.block_scale_bits() == 0x7F).any()  # never E4M3's NaN code
+    rtn_error, searched_error = block_errors(weight, rtn, importance), block_errors(weight, searched, importance)
+    # The search compares float32 block sums; a candidate it prefers by a
+    # float32 rounding may be a hair worse in float64: allow that, nothing more.
+    assert (searched_error <= rtn_error * (1 + 1e-5) + 1e-300).all()
+    assert torch.equal(searched.global_scale, rtn.global_scale)
 
 
-def test_mse_lowers_the_error_of_gaussian_weights(encoder: str) -> None:
+@pytest.mark.parametrize("policy", SEARCHES, ids=lambda p: p.value)
+def test_a_search_lowers_the_error_of_gaussian_weights(encoder: str, policy: ScalePolicy) -> None:
     for dtype in DTYPES:
         weight = gaussian(64, 256, 0.02).to(dtype)
-        rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
-        assert block_errors(weight, mse).sum() < 0.97 * block_errors(weight, rtn).sum()
-        assert not torch.equal(mse.block_scale_bits(), rtn.block_scale_bits())
+        rtn, searched = nvfp4.quantize(weight), nvfp4.quantize(weight, scale_policy=policy)
+        assert block_errors(weight, searched).sum() < 0.97 * block_errors(weight, rtn).sum()
+        assert not torch.equal(searched.block_scale_bits(), rtn.block_scale_bits())
 
 
-def test_mse_keeps_zero_blocks_identical_to_rtn() -> None:
+def test_weighting_moves_the_error_to_the_columns_that_matter(encoder: str) -> None:
+    weight = gaussian(64, 256, 0.02).bfloat16()
+    importance = torch.ones(256)
+    importance[::16] = 100.0  # the first column of every block counts 100x
+    plain = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED)
+    weighted = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance)
+    assert block_errors(weight, weighted, importance).sum() < 0.9 * block_errors(weight, plain, importance).sum()
+    first_column = lambda q: (weight.float() - nvfp4.dequantize(q))[:, ::16].square().sum()  # noqa: E731
+    assert first_column(weighted) < first_column(plain)
+
+
+@pytest.mark.parametrize("policy", SEARCHES, ids=lambda p: p.value)
+def test_a_search_keeps_zero_blocks_identical_to_rtn(policy: ScalePolicy) -> None:
     weight = torch.zeros(4, 64)
-    rtn, mse = (nvfp4.quantize(weight, scale_policy=p) for p in ScalePolicy)
-    assert torch.equal(rtn.packed, mse.packed) and torch.equal(
-        rtn.block_scale_bits(), mse.block_scale_bits()
+    rtn, searched = nvfp4.quantize(weight), nvfp4.quantize(weight, scale_policy=policy)
+    assert torch.equal(rtn.packed, searched.packed) and torch.equal(
+        rtn.block_scale_bits(), searched.block_scale_bits()
     )
+
+
+def test_the_weighted_search_decodes_with_maxs_dequantizer(max_fp4_reference: ModuleType) -> None:
+    weight = outlier_weights(8, 4, torch.bfloat16, 0.02, 3, "outlier")
+    q = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=torch.rand(64) + 0.1)
+    assert not torch.equal(q.block_scale_bits(), nvfp4.quantize(weight).block_scale_bits())
+    with np.errstate(all="ignore"):
+        expected = max_fp4_reference.dequantize_nvfp4(
+            q.packed.numpy(), q.block_scale_bits().numpy()[..., None], np.float32(q.global_scale.item()),
+            max_fp4_reference.FP4Format.NVFP4,
+        )  # fmt: skip
+    np.testing.assert_array_equal(nvfp4.dequantize(q).numpy(), expected)
+
+
+@pytest.mark.parametrize(
+    ("importance", "message"),
+    [
+        (torch.ones(32), r"float \[64\] vector"),
+        (torch.ones(64, dtype=torch.int32), r"float \[64\] vector"),
+        (torch.tensor([1.0] * 63 + [math.nan]), "finite and non-negative"),
+        (torch.tensor([1.0] * 63 + [-1.0]), "finite and non-negative"),
+    ],
+)
+def test_bad_importance_is_a_value_error_naming_the_tensor(importance: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as error:
+        nvfp4.quantize(torch.ones(2, 64), scale_policy=ScalePolicy.WEIGHTED, importance=importance, name="w.up")
+    assert "w.up" in str(error.value)
+    with pytest.raises(ValueError, match="only used by the weighted"):
+        nvfp4.quantize(torch.ones(2, 64), importance=torch.ones(64))
+
+
+def test_searches_are_deterministic_across_chunking(encoder: str) -> None:
+    weight = outlier_weights(96, 8, torch.bfloat16, 0.02, 5, "heavy")
+    importance = torch.rand(128, generator=torch.Generator().manual_seed(1))
+    whole = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance)
+    for chunk_rows in (1, 7, 64):
+        part = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance, chunk_rows=chunk_rows)
+        assert torch.equal(part.packed, whole.packed) and torch.equal(part.block_scale_bits(), whole.block_scale_bits())
 
 
 @pytest.mark.parametrize(

@@ -75,7 +75,7 @@ def _failing_on_gpu(monkeypatch: pytest.MonkeyPatch) -> list[torch.device]:
     """precompute_outside raising a CUDA-like RuntimeError off the CPU; returns the devices tried."""
     tried: list[torch.device] = []
 
-    def fake(projections, config, *, keys=None, head=None, device=prepare_device.CPU, progress=True):
+    def fake(projections, config, *, keys=None, head=None, importance=None, device=prepare_device.CPU, progress=True):
         tried.append(device)
         if device.type != "cpu":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
@@ -94,7 +94,7 @@ def test_auto_retries_on_the_cpu_after_a_gpu_failure(
     gpu = prepare_device.PrepareDevice(torch.device("cuda", 0), "test")
     state = load_state_dict(tiny_gemma3_dir)
     with caplog.at_level(logging.WARNING, logger="max.pipelines.attnquant"):
-        served = loading._precompute_on(gpu, state, find_projections(state), config)
+        served = loading._precompute_on(gpu, state, find_projections(state), config, None, {})
     assert [d.type for d in tried] == ["cuda", "cpu"]
     assert "preparing weights on cuda:0 failed (CUDA out of memory. Tried to allocate 2.00 GiB)" in caplog.text
     assert served.state_dict.keys() == precompute_outside(state, config, progress=False).state_dict.keys()
@@ -105,7 +105,8 @@ def test_gpu_required_does_not_fall_back(tiny_gemma3_dir: Path, monkeypatch: pyt
     gpu = prepare_device.PrepareDevice(torch.device("cuda", 0), "test")
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         state = load_state_dict(tiny_gemma3_dir)
-        loading._precompute_on(gpu, state, find_projections(state), AttnQuantConfig(quant="nvfp4", prepare_device="gpu"))
+        config = AttnQuantConfig(quant="nvfp4", prepare_device="gpu")
+        loading._precompute_on(gpu, state, find_projections(state), config, None, {})
 
 
 def test_unquantized_passthrough_projections_are_not_copied(tiny_gemma3_dir: Path) -> None:

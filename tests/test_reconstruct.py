@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnquant.formats import nvfp4
+from attnquant.load import importance
 from attnquant.load.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
 from attnquant.formats.names import ProjectionKey, find_projections, is_ignored
@@ -120,18 +121,24 @@ def test_passthrough_without_quantization_returns_the_same_tensors(
     assert report.decode_bytes_after == report.decode_bytes_before
 
 
+@pytest.mark.parametrize("search", ["rtn", "weighted"])
 def test_nvfp4_replaces_each_projection_with_modelopt_tensors(
-    tiny_state: dict[str, torch.Tensor]
+    tiny_state: dict[str, torch.Tensor], search: str
 ) -> None:
-    result = precompute_outside(tiny_state, NVFP4, progress=False)
-    served = result.state_dict
+    config = AttnQuantConfig(quant="nvfp4", scale_search=search)
     keys = find_projections(tiny_state)
+    importances = importance.for_quantization(tiny_state, keys, config, importance.GEMMA3)
+    assert set(importances) == ({k.weight_name for k in keys} if search == "weighted" else set())
+    result = precompute_outside(tiny_state, config, importance=importances, progress=False)
+    served = result.state_dict
     for key in keys:
         weight = tiny_state[key.weight_name]
         # One global scale per fused group (q|k|v, gate|up): the group's amax.
         group = [k for k in keys if k.layer == key.layer and group_name(k.proj) == group_name(key.proj)]
         amax = max(tiny_state[k.weight_name].abs().max().float().item() for k in group)
-        expected = nvfp4.quantize(weight, amax=amax)
+        expected = nvfp4.quantize(
+            weight, amax=amax, scale_policy=nvfp4.ScalePolicy(search), importance=importances.get(key.weight_name)
+        )
         tensors = [served[f"{key.module_name}.{suffix}"] for suffix in SUFFIXES]
         assert torch.equal(tensors[0], expected.packed)
         assert tensors[1].dtype == torch.float8_e4m3fn and torch.equal(

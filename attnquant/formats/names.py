@@ -49,6 +49,12 @@ PROJECTION_PATH_PATTERN = "|".join(
 """Regex alternation of ``<block>.<proj>`` over every projection."""
 
 
+LAYER_NORMS: tuple[str, ...] = (
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+)  # fmt: skip
+"""A decoder layer's RMSNorms (Gemma's sandwich: before and after attention, before and after the MLP)."""
+
+
 def group_name(proj: str) -> str:
     """The run-time group a projection belongs to (``"q_proj"`` -> ``"qkv_proj"``)."""
     return next(group.name for group in FUSED_GROUPS if proj in group.members)

@@ -73,10 +73,19 @@ class ScalePolicy(enum.Enum):
     """Try the RTN scale and its E4M3 neighbours; keep the one with the
     smallest squared reconstruction error of the block (RTN wins ties)."""
 
+    WEIGHTED = "weighted"
+    """Try the RTN scale and the E4M3 codes from two below to six above it;
+    keep the one with the smallest squared error of the block weighted per
+    input column by an importance (the second moment of that input, estimated
+    from the checkpoint: ``attnquant.load.importance``; equal weights without
+    one). RTN wins ties."""
 
-# E4M3 codes one step above and up to three below RTN: with 3 mantissa bits
-# that spans scale factors of about [0.78, 1.125] x the RTN scale.
-_MSE_CODE_OFFSETS = (-3, -2, -1, 1)
+
+# E4M3 codes tried beside RTN's, in this order. With 3 mantissa bits one code
+# is a factor of about 1.07-1.14: MSE's span [0.78, 1.125] x the RTN scale;
+# WEIGHTED's [0.84, 1.69] x, which reaches the blocks whose largest element
+# is better clipped (scale-to-4 rather than scale-to-6).
+_SEARCH_OFFSETS = {ScalePolicy.MSE: (-3, -2, -1, 1), ScalePolicy.WEIGHTED: (-2, -1, 1, 2, 3, 4, 5, 6)}
 
 
 @dataclass(frozen=True)
@@ -245,6 +254,35 @@ def _decode_blocks(
     return e2m1_values * block_scales * global_decode
 
 
+_E2M1_STEP_MAGIC = (22 << 23)  # adds 22 to a float32 exponent
+
+
+def _magnitude_errors(
+    magnitudes: torch.Tensor, scale_codes: torch.Tensor, global_decode: torch.Tensor, scratch: _Scratch
+) -> torch.Tensor:
+    """float32 [16, R, B] (a scratch buffer): (|w| - decoded |w|)^2 of
+    element-major magnitudes [16, R, B] under the [R, B] scale codes.
+
+    The decoded value is the reference's: ``(e2m1 * block_scale) * global``,
+    with the element rounded to the nearest E2M1 magnitude by one float32
+    addition: adding ``2**22`` times the binade of clamp(y, 1, 4) makes the FPU
+    round y to E2M1's step there (0.5 below 2, 1 up to 4, 2 above); ties round
+    either way at the same error. Every step is one correctly rounded float32
+    operation, so every device computes the same bits.
+    """
+    block_scale = _block_decode_scales(scale_codes)
+    encode = torch.reciprocal(block_scale * global_decode).clamp_(max=FLOAT32_MAX)
+    y = scratch.get("search_y", tuple(magnitudes.shape), torch.float32)
+    torch.mul(magnitudes, encode, out=y)
+    magic = scratch.get("search_magic", tuple(magnitudes.shape), torch.float32)
+    torch.clamp(y, 1.0, 4.0, out=magic)
+    magic.view(torch.int32).bitwise_and_(0x7F800000).add_(_E2M1_STEP_MAGIC)
+    y.add_(magic).sub_(magic).clamp_(max=E2M1_MAX)
+    y.mul_(block_scale).mul_(global_decode)
+    torch.sub(magnitudes, y, out=y)
+    return y.mul_(y)
+
+
 # ---------------------------------------------------------------------------
 # Element encoders: the same map computed directly or by table lookup.
 # ---------------------------------------------------------------------------
@@ -277,8 +315,15 @@ class _ElementEncoder(Protocol):
         """uint8 [R, B, 16] E2M1 codes (may be a scratch buffer: use at once)."""
         ...
 
-    def block_errors(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        """float64 [R, B]: each block's squared reconstruction error."""
+    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
+        """What :meth:`element_errors` reads for these blocks, made once per
+        chunk of a scale search (its candidates all read it)."""
+        ...
+
+    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
+        """float32 [16, R, B] (element-major: the block sums then add
+        contiguous rows): each element's squared reconstruction error under
+        the [R, B] scale codes (a scratch buffer: use at once)."""
         ...
 
 
@@ -288,6 +333,7 @@ class _DirectEncoder:
     def __init__(self, global_decode: torch.Tensor) -> None:
         self.global_decode = global_decode
         self._e2m1 = torch.tensor(E2M1_VALUES, device=global_decode.device)
+        self._scratch = _Scratch(global_decode.device)
 
     def codes(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
         encode = _block_encode_scales(scale_codes, self.global_decode)
@@ -301,8 +347,12 @@ class _DirectEncoder:
         # an independent float64 check of the dequantized tensor.
         return (blocks.double() - decoded.double()).square()
 
-    def block_errors(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        return self.squared_errors(blocks, scale_codes).sum(-1)
+    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
+        """|w| in float32, element-major [16, R, B]."""
+        return blocks.float().abs().permute(2, 0, 1).contiguous()
+
+    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
+        return _magnitude_errors(view, scale_codes, self.global_decode, self._scratch)
 
 
 class _TabulatedEncoder:
@@ -357,14 +407,28 @@ class _TabulatedEncoder:
         )
         return out
 
-    def block_errors(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
+    def _direct_errors(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
+        """[..., B, 16] errors in block layout, computed as the direct encoder does."""
+        flat = blocks.reshape(-1, blocks.shape[-2], BLOCK_SIZE)
+        codes = scale_codes.reshape(-1, scale_codes.shape[-1])
+        errors = self._direct.element_errors(self._direct.search_view(flat), codes)
+        return errors.permute(1, 2, 0).reshape(blocks.shape)
+
+    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
+        """The blocks' bits as int32, element-major [16, R, B] (each candidate
+        adds its table offset)."""
+        return blocks.view(torch.int16).permute(2, 0, 1).to(torch.int32).contiguous()
+
+    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
         if self._error_table is None:
-            self._error_table = self._tabulate(self._direct.squared_errors)
-        errors = self._scratch.get("errors", tuple(blocks.shape), torch.float64)
-        torch.index_select(
-            self._error_table, 0, self._indices(blocks, scale_codes), out=errors.view(-1)
-        )
-        return errors.sum(-1)
+            self._error_table = self._tabulate(self._direct_errors)
+        offsets = self._offset_of_code.index_select(0, scale_codes.reshape(-1).int())
+        assert bool((offsets >= 0).all()), "scale code missing from the table"
+        indices = self._scratch.get("search_indices", tuple(view.shape), torch.int32)
+        torch.add(view, offsets.view(1, *scale_codes.shape), out=indices)
+        errors = self._scratch.get("errors", tuple(view.shape), torch.float32)
+        torch.index_select(self._error_table, 0, indices.view(-1), out=errors.view(-1))
+        return errors
 
 
 def _encoder_for(
@@ -465,31 +529,66 @@ def _raise_non_finite(weight: torch.Tensor, name: str) -> NoReturn:
     )
 
 
-def _candidate_codes(rtn_codes: torch.Tensor) -> list[torch.Tensor]:
-    """The E4M3 neighbours of each RTN code, kept inside the finite codes."""
+def _candidate_codes(rtn_codes: torch.Tensor, offsets: tuple[int, ...]) -> list[torch.Tensor]:
+    """The E4M3 codes ``offsets`` away from each RTN code, kept inside the finite codes."""
     widened = rtn_codes.to(torch.int16)
-    return [
-        (widened + offset).clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8)
-        for offset in _MSE_CODE_OFFSETS
-    ]
+    return [(widened + offset).clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8) for offset in offsets]
 
 
-def _mse_scale_codes(
-    weight: torch.Tensor, rtn_codes: torch.Tensor, encoder: _ElementEncoder, chunk_rows: int
+def _block_sums(errors: torch.Tensor, importance: torch.Tensor | None) -> torch.Tensor:
+    """float32 [R, B] from [16, R, B] element errors (overwritten), weighted by
+    ``importance`` ([16, 1, B] float32) when given.
+
+    A fixed tree of elementwise adds rather than ``sum``: a reduction's order
+    may differ between devices and thread counts, and with it the rounding, and
+    so which of two near-equal candidates wins. Every step here is one
+    correctly rounded IEEE operation on the same operands everywhere, so a CPU
+    and a GPU choose the same scales (the quantized-weight cache is shared).
+    """
+    if importance is not None:
+        errors.mul_(importance)
+    half = BLOCK_SIZE // 2
+    while half:
+        errors[:half].add_(errors[half : 2 * half])
+        half //= 2
+    return errors[0].clone()
+
+
+def _searched_scale_codes(
+    weight: torch.Tensor,
+    rtn_codes: torch.Tensor,
+    encoder: _ElementEncoder,
+    chunk_rows: int,
+    offsets: tuple[int, ...],
+    importance: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Per block, the candidate scale code with the least squared error."""
+    """Per block, the candidate scale code with the least (weighted) squared error."""
+    weights = None
+    if importance is not None:  # [16, 1, B]: element j of every block b is column 16 b + j
+        weights = importance.to(weight.device, torch.float32).view(-1, BLOCK_SIZE).t().unsqueeze(1).contiguous()
     best_codes = rtn_codes.clone()
     for rows in _row_chunks(weight.shape[0], chunk_rows):
-        blocks = _blocks(weight[rows])
+        view = encoder.search_view(_blocks(weight[rows]))
         best = best_codes[rows]
-        best_error = encoder.block_errors(blocks, best)
-        for candidate in _candidate_codes(best):
-            error = encoder.block_errors(blocks, candidate)
+        best_error = _block_sums(encoder.element_errors(view, best), weights)
+        for candidate in _candidate_codes(best, offsets):
+            error = _block_sums(encoder.element_errors(view, candidate), weights)
             # Strictly better only, so RTN (tried first) keeps every tie.
             better = error < best_error
             best.copy_(torch.where(better, candidate, best))
             best_error = torch.where(better, error, best_error)
     return best_codes
+
+
+def _checked_importance(importance: torch.Tensor, k: int, name: str) -> torch.Tensor:
+    if importance.shape != (k,) or not importance.is_floating_point():
+        raise ValueError(
+            f"{name}: the importance must be a float [{k}] vector (one per input column), "
+            f"got {importance.dtype} {tuple(importance.shape)}"
+        )
+    if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+        raise ValueError(f"{name}: the importance must be finite and non-negative")
+    return importance.float()
 
 
 def _pack_pairs(codes: torch.Tensor, out: torch.Tensor, scratch: _Scratch) -> None:
@@ -513,6 +612,7 @@ def quantize(
     chunk_rows: int | None = None,
     name: str = "weight",
     amax: float | None = None,
+    importance: torch.Tensor | None = None,
 ) -> NVFP4Weight:
     """Quantizes a [N, K] weight to NVFP4 along K, on the weight's device.
 
@@ -520,7 +620,8 @@ def quantize(
         weight: float32, bfloat16 or float16 (other float dtypes are rounded
             to float32 first); K a multiple of 16; every element finite.
         scale_policy: how block scales are chosen. RTN is byte-identical to
-            MAX's reference; MSE searches neighbouring scales per block.
+            MAX's reference; MSE and WEIGHTED search other scales per block
+            (the element codes are the reference's for the scale chosen).
         chunk_rows: rows processed at a time (default: about 4M elements on
             a CPU, 16M on an accelerator); bounds the working memory beyond
             the input and the output.
@@ -529,14 +630,20 @@ def quantize(
             the weight's own. Tensors quantized with one ``amax`` share a
             global scale, as ModelOpt gives the members of a fused layer
             (q|k|v, gate|up), so the fused matmul needs no per-row scale.
+        importance: WEIGHTED only: float [K], >= 0, how much each input
+            column's error counts (None: equally).
 
     Raises:
         ValueError: for a non-2-D, empty or non-float tensor, a K that is not
-            a multiple of 16, a NaN/Inf element, or an ``amax`` below the
-            weight's own.
+            a multiple of 16, a NaN/Inf element, an ``amax`` below the
+            weight's own, or a bad importance.
     """
     weight = _checked_input(weight, name)
     n, k = weight.shape
+    if importance is not None:
+        if scale_policy is not ScalePolicy.WEIGHTED:
+            raise ValueError(f"{name}: an importance is only used by the weighted scale search")
+        importance = _checked_importance(importance, k, name)
     chunk_rows = _default_chunk_rows(weight.device, k) if chunk_rows is None else chunk_rows
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -552,10 +659,11 @@ def quantize(
     )
     scale_codes = _rtn_scale_codes(block_amax, global_encode)
 
-    if scale_policy is ScalePolicy.MSE:
-        tried = [scale_codes, *_candidate_codes(scale_codes)]
+    if scale_policy is not ScalePolicy.RTN:
+        offsets = _SEARCH_OFFSETS[scale_policy]
+        tried = [scale_codes, *_candidate_codes(scale_codes, offsets)]
         encoder = _encoder_for(weight, global_decode, tried)
-        scale_codes = _mse_scale_codes(weight, scale_codes, encoder, chunk_rows)
+        scale_codes = _searched_scale_codes(weight, scale_codes, encoder, chunk_rows, offsets, importance)
     else:
         encoder = _encoder_for(weight, global_decode, [scale_codes])
 

@@ -31,6 +31,7 @@ from attnquant.load.cache import CacheEntry, CacheKey, QuantizedWeightCache
 from attnquant.load.checkpoint import checkpoint_identity
 from attnquant.load.fuse import to_runtime_layout
 from attnquant.load.head import OutputHead
+from attnquant.load.importance import ResidualStream, for_quantization
 from attnquant.load.path import PathChoice, choose_path
 from attnquant.load.precompute import PrecomputeResult, check_ignore_fragments, precompute_outside, quantized_tensors
 from attnquant.load.report import LoadReport
@@ -103,12 +104,14 @@ def prepare_weights(
     device_api: str,
     device_id: int = 0,
     head: OutputHead | None = None,
+    stream: ResidualStream | None = None,
 ) -> PreparedWeights:
     """The run-time state dict and projection plan for one model load, on a
     MAX device of ``device_api`` (``"cpu"``, ``"cuda"``, ...) with index
     ``device_id`` (where preparation may run). ``head``: where the model's
     output head is, when the architecture computes it through attnquant (its
-    plan entry is ``head.group``)."""
+    plan entry is ``head.group``). ``stream``: the architecture's residual
+    stream, for the weighted scale search's importance estimate."""
     choice = check_config(config, num_layers, device_api)
     tensors = {name: to_torch(value) for name, value in state_dict.items()}
     keys = find_projections(tensors)
@@ -123,7 +126,9 @@ def prepare_weights(
     others = {name: t for name, t in tensors.items() if name not in prepared}
     singles = (head.group,) if head else ()
     if choice.path is ReconstructionPath.PRECOMPUTE_OUTSIDE:
-        served = _precomputed(tensors, float_keys, config, checkpoint_files, num_layers, device_api, device_id, head)
+        served = _precomputed(
+            tensors, float_keys, config, checkpoint_files, num_layers, device_api, device_id, head, stream
+        )
         runtime, plan = to_runtime_layout(
             {**others, **served.tensors}, fuse=config.qkv_fuse, dtype=torch_dtype(dtype), singles=singles
         )
@@ -255,6 +260,7 @@ def _precomputed(
     device_api: str,
     device_id: int,
     head: OutputHead | None,
+    stream: ResidualStream | None,
 ) -> _Served:
     """The projections' (and the head's) served tensors (W_eff, NVFP4), from
     the cache when it has them."""
@@ -275,7 +281,11 @@ def _precomputed(
         logger.info("attnquant: computing served weights (%s)", config.describe(weights_only=True))
         # Chosen only when there is work: a cache hit never touches torch's GPU.
         prepare = prepare_device.choose(config.prepare_device, device_api, device_id)
-        result = _precompute_on(prepare, projections, keys, config, head)
+        importance = for_quantization(
+            tensors, keys, config, stream, embedding=head.embedding if head else None,
+            head=head.weight_name if head and not as_is else None,
+        )  # fmt: skip
+        result = _precompute_on(prepare, projections, keys, config, head, importance)
         info = {"quantized": len(result.quantized_modules), "layer_errors": result.layer_errors}
         return CacheEntry(result.state_dict, info)
 
@@ -321,13 +331,16 @@ def _precompute_on(
     projections: dict[str, torch.Tensor],
     keys: Sequence[ProjectionKey],
     config: AttnQuantConfig,
-    head: OutputHead | None = None,
+    head: OutputHead | None,
+    importance: Mapping[str, torch.Tensor],
 ) -> PrecomputeResult:
     """precompute_outside on the chosen device; with ``auto``, a GPU failure
     (out of memory beside other servers, a driver error) falls back to the CPU."""
     logger.info("attnquant: preparing weights on %s: %s", prepare.device, prepare.reason)
     try:
-        return precompute_outside(projections, config, keys=keys, head=head, device=prepare.device)
+        return precompute_outside(
+            projections, config, keys=keys, head=head, importance=importance, device=prepare.device
+        )
     except RuntimeError as error:  # torch's CUDA errors, out of memory included
         if not prepare.is_gpu or config.prepare_device == "gpu":
             raise
@@ -337,4 +350,4 @@ def _precompute_on(
         )  # fmt: skip
     finally:
         prepare_device.release(prepare)
-    return precompute_outside(projections, config, keys=keys, head=head)
+    return precompute_outside(projections, config, keys=keys, head=head, importance=importance)

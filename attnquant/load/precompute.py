@@ -100,6 +100,7 @@ def precompute_outside(
     *,
     keys: Sequence[ProjectionKey] | None = None,
     head: OutputHead | None = None,
+    importance: Mapping[str, torch.Tensor] | None = None,
     progress: bool = True,
     device: torch.device = CPU,
 ) -> PrecomputeResult:
@@ -115,6 +116,8 @@ def precompute_outside(
     caller has found them already. ``head``: where the model's output head
     is; with ``ATTNQUANT_LM_HEAD=nvfp4`` it is quantized too (its own global
     scale), and the served state dict holds it under the head's name.
+    ``importance``: weight name -> the weighted scale search's column weights
+    (``attnquant.load.importance.for_quantization``; a name without one: equal weights).
 
     Raises:
         ValueError: for a state dict without projections, a bad G or R, or a
@@ -134,6 +137,7 @@ def precompute_outside(
         if config.quant == "nvfp4" and not is_ignored(key.module_name, config.quant_ignore)
     }
     ignored = tuple(key.module_name for key in keys if config.quant == "nvfp4" and key not in quantized)
+    importance = importance or {}
     replacements: dict[str, dict[str, torch.Tensor]] = {}
     error2_of_layer: dict[int, float] = defaultdict(float)
     norm2_of_layer: dict[int, float] = defaultdict(float)
@@ -156,7 +160,10 @@ def precompute_outside(
             error2, norm2 = squared_error_terms(originals[key], w_eff)
             error2_of_layer[key.layer] += error2
             norm2_of_layer[key.layer] += norm2
-            out = quantized_tensors(key.module_name, w_eff, config, amax) if key in quantized else {key.weight_name: w_eff}
+            out = (
+                quantized_tensors(key.module_name, w_eff, config, amax, importance.get(key.weight_name))
+                if key in quantized else {key.weight_name: w_eff}
+            )  # fmt: skip
             replacements[key.weight_name] = {name: t.to(CPU) for name, t in out.items()}
             bar.update()
     bar.close()
@@ -168,7 +175,9 @@ def precompute_outside(
     if head is not None and config.lm_head == "nvfp4":
         # The packed copy replaces an untied head's weight; a tied embedding
         # stays, for the token lookup.
-        packed = quantized_tensors(head.group, head.source(state_dict).to(device), config)
+        packed = quantized_tensors(
+            head.group, head.source(state_dict).to(device), config, importance=importance.get(head.weight_name)
+        )
         served.pop(head.weight_name, None)
         served.update({name: t.to(CPU) for name, t in packed.items()})
     layer_errors = {
@@ -213,13 +222,20 @@ def _shared_amax(w_effs: list[torch.Tensor]) -> float | None:
 
 
 def quantized_tensors(
-    module: str, weight: torch.Tensor, config: AttnQuantConfig, amax: float | None = None
+    module: str,
+    weight: torch.Tensor,
+    config: AttnQuantConfig,
+    amax: float | None = None,
+    importance: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """``module``'s ModelOpt NVFP4 tensors for ``weight``, with the configured
-    scale selection (``amax``: a global scale shared with fused neighbours)."""
+    scale selection (``amax``: a global scale shared with fused neighbours;
+    ``importance``: the weighted search's column weights)."""
+    policy = nvfp4.ScalePolicy(config.scale_search)
     q = nvfp4.quantize(
-        weight, scale_policy=nvfp4.ScalePolicy(config.scale_search), name=f"{module}.weight", amax=amax
-    )
+        weight, scale_policy=policy, name=f"{module}.weight", amax=amax,
+        importance=importance.to(weight.device) if importance is not None else None,
+    )  # fmt: skip
     return {
         f"{module}.weight": q.packed,
         f"{module}.weight_scale": q.block_scales,

@@ -23,7 +23,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.files import atomic_directory
 from attnquant.formats import nvfp4
 from attnquant.formats.names import PROJECTIONS_BY_BLOCK, ProjectionKey, find_projections
-from attnquant.load import prepare_device
+from attnquant.load import importance, prepare_device
 from attnquant.load.checkpoint import load_state_dict, read_config
 from attnquant.load.precompute import num_layers_of, precompute_outside
 from attnquant.load.report import LoadReport
@@ -68,7 +68,12 @@ def run_quantize(args: argparse.Namespace) -> int:
     keys = find_projections(state_dict)
     prepare = prepare_device.for_host(config.prepare_device)
     try:
-        result = precompute_outside(state_dict, config, keys=keys, progress=not args.no_progress, device=prepare.device)
+        importances = importance.for_quantization(
+            state_dict, keys, config, importance.for_checkpoint_config(source_config)
+        )
+        result = precompute_outside(
+            state_dict, config, keys=keys, importance=importances, progress=not args.no_progress, device=prepare.device
+        )
     finally:
         prepare_device.release(prepare)
     ignore = modelopt_ignore_list(result.ignored_modules)

@@ -42,7 +42,8 @@ from tqdm.auto import tqdm
 
 from attnquant.config import ENV_PREFIX, SETTINGS, AttnQuantConfig, choices_of
 from attnquant.formats import nvfp4
-from attnquant.load.checkpoint import load_state_dict
+from attnquant.formats.names import find_projections
+from attnquant.load.checkpoint import load_state_dict, read_config
 from attnquant.tools.cli import add_weight_flags, register_subcommand, with_weight_flags
 from attnquant.tools.corpus import Text, load_text
 
@@ -239,6 +240,7 @@ def transformers_model(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
+    from attnquant.load import importance
     from attnquant.load.head import OutputHead
     from attnquant.load.precompute import precompute_outside
 
@@ -248,7 +250,13 @@ def transformers_model(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tied = bool(model.config.get_text_config().tie_word_embeddings)
     head = OutputHead("lm_head", "model.embed_tokens.weight", tied=tied)
-    served = precompute_outside(load_state_dict(model_dir), config, head=head, progress=False).state_dict
+    tensors = load_state_dict(model_dir)
+    importances = importance.for_quantization(
+        tensors, find_projections(tensors), config, importance.for_checkpoint_config(read_config(model_dir)),
+        embedding=head.embedding, head=head.weight_name if config.lm_head == "nvfp4" else None,
+    )  # fmt: skip
+    served = precompute_outside(tensors, config, head=head, importance=importances, progress=False).state_dict
+    del tensors
     weights = host_weights(served)
     del served
     if tied and "lm_head.weight" in weights:  # an NVFP4 head of its own

@@ -16,6 +16,7 @@ from attnquant.graph import runtime
 from attnquant.graph.projections import build_output_head
 from attnquant.load import pipeline
 from attnquant.load.head import OutputHead
+from attnquant.load.importance import ResidualStream
 from attnquant.max_compat import weight_files
 
 
@@ -44,16 +45,18 @@ def prepare_for_device(
     device: Device,
     graph_capture: bool | None,
     head: OutputHead,
+    stream: ResidualStream,
 ) -> pipeline.PreparedWeights:
     """The load pipeline's weights and plan, converted for ``device``.
 
     ``graph_capture``: ``pipeline_config.runtime.device_graph_capture``;
     ``head``: where the model's output head is (the architecture computes it
-    through attnquant's matmul, with the plan's ``head.group`` entry).
+    through attnquant's matmul, with the plan's ``head.group`` entry);
+    ``stream``: the architecture's residual stream (``attnquant.load.importance``).
     """
     prepared = pipeline.prepare_weights(
         state_dict, settings, checkpoint_files=weight_files(weights), num_layers=num_layers,
-        dtype=dtype, device_api=str(device.api), device_id=device.id, head=head,
+        dtype=dtype, device_api=str(device.api), device_id=device.id, head=head, stream=stream,
     )  # fmt: skip
     plan = runtime.for_device(
         prepared.state_dict, prepared.plan, settings, dtype=dtype, device=device, graph_capture=graph_capture

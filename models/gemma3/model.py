@@ -17,6 +17,7 @@ from max.pipelines.architectures.gemma3_modulev3.model import Gemma3Model
 
 from attnquant.graph.theta import shared_blocks
 
+from attnquant.load import importance
 from attnquant.load.head import OutputHead
 
 from ..common.mlp import build_mlp
@@ -61,6 +62,7 @@ class AttnQuantGemma3Model(Gemma3Model):
             device=self.devices[0],
             graph_capture=self.pipeline_config.runtime.device_graph_capture,
             head=output_head(model_config),
+            stream=importance.GEMMA3,
         )
         model_config.projection_plan = prepared.plan
         return prepared.state_dict

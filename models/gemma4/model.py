@@ -29,6 +29,7 @@ from max.pipelines.architectures.gemma4_modulev3.model import Gemma4Model
 
 from attnquant.config import LOGGER_NAME
 from attnquant.graph.theta import shared_blocks
+from attnquant.load import importance
 from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
@@ -65,6 +66,7 @@ def prepare_language_weights(
     prepared = prepare_for_device(
         weights, config.attnquant, weights=checkpoint, num_layers=config.text_config.num_hidden_layers,
         dtype=config.dtype, device=device, graph_capture=graph_capture, head=output_head(config),
+        stream=importance.GEMMA4,
     )  # fmt: skip
     logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
     if config.vision_config is None:

@@ -19,7 +19,7 @@ from max.pipelines.architectures.gemma4_modulev3.weight_adapters import (
     convert_safetensor_state_dict,
 )
 
-from attnquant.formats.names import PROJECTION_PATH_PATTERN
+from attnquant.formats.names import LAYER_NORMS, PROJECTION_PATH_PATTERN
 
 __all__ = ["bare_nvfp4_names", "check_language_tensors", "convert_safetensor_state_dict", "unsupported_tensors"]
 
@@ -31,7 +31,7 @@ _SERVED = re.compile(
     r"layers\.\d+\.(?:"
     rf"(?:{PROJECTION_PATH_PATTERN})\.(?:weight|weight_scale|weight_scale_2|input_scale)|"
     r"self_attn\.(?:q_norm|k_norm)\.weight|"
-    r"(?:input|post_attention|pre_feedforward|post_feedforward)_layernorm\.weight|"
+    rf"(?:{'|'.join(LAYER_NORMS)})\.weight|"
     r"layer_scalar"
     r"))$"
 )

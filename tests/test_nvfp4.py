@@ -450,3 +450,24 @@ def test_a_given_amax_sets_the_global_scale() -> None:
     assert error < 0.2, error  # E2M1 step at the top of a block: 1/6 of its amax
     with pytest.raises(ValueError, match="below the tensor's own"):
         nvfp4.quantize(weight, amax=own / 2)
+
+
+def test_searches_do_not_depend_on_the_thread_count() -> None:
+    """The CPU side of "the same bits on every device" (a GPU run:
+    bench/checks/scale_search_devices.py): no reduction whose order follows
+    the threads decides a scale."""
+    weight = outlier_weights(256, 64, torch.bfloat16, 0.02, 11, "heavy")
+    importance = torch.rand(1024, generator=torch.Generator().manual_seed(2)).pow(3)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, max(2, threads)):
+            torch.set_num_threads(count)
+            results.append([
+                nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance),
+                nvfp4.quantize(weight, scale_policy=ScalePolicy.MSE),
+            ])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    for one, many in zip(*results):
+        assert torch.equal(one.packed, many.packed) and torch.equal(one.block_scale_bits(), many.block_scale_bits())

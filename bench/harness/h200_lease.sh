@@ -18,7 +18,8 @@
 #      ATTNQUANT_ROW_PADDING=0, and ours NVFP4 + capture, one server session
 #      (bench/harness/serve_benchmark.py, the canonical c=1 harness);
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
-#   5. NVFP4 quantization speed on the GPU (bench/kernel_timing/quantize_speed.py);
+#   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
+#      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
 #   6. MTP, beside the invariance servers: random Gemma 4 at the 31B geometry
 #      (G4_LAYERS layers) with its random assistant drafting 3 tokens, ours
 #      NVFP4 as the target, capture on and off, compared token for token with
@@ -132,6 +133,7 @@ run() {
   fi
   if wants quantize; then
     ( flock "$LOCK" timeout 300 python3 "$HERE/../kernel_timing/quantize_speed.py" --device cuda > "$WORK/quantize.txt" 2>&1
+      flock "$LOCK" timeout 300 python3 "$HERE/../checks/scale_search_devices.py" --device cuda >> "$WORK/quantize.txt" 2>&1
       say "quantize done" ) &
   fi
   wait

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import inspect
+import re
 
 from importlib.metadata import version
 from pathlib import Path
@@ -83,3 +84,17 @@ def test_max_leaks_python_variables_to_children_unless_env_is_given() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO
     )
     assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]
+
+
+def test_gemma3_attention_still_ignores_query_pre_attn_scalar() -> None:
+    """MAX's Gemma 3 builds its attention without a scale (so head_dim ** -0.5);
+    ours passes transformers' query_pre_attn_scalar ** -0.5
+    (``max_compat.gemma3_attention_scale``): Gemma 3 27B has 168 and head_dim 128."""
+    from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3TextModel
+
+    from attnquant.max_compat import gemma3_attention_scale
+
+    assert not re.search(r"\bscale=", inspect.getsource(Gemma3TextModel.__init__))
+    assert "math.sqrt(1.0 / kv_params.head_dim)" in inspect.getsource(Gemma3Attention.__init__)
+    assert gemma3_attention_scale(168, 128) == 168**-0.5
+    assert gemma3_attention_scale(None, 128) == 128**-0.5

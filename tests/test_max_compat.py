@@ -86,6 +86,30 @@ def test_max_leaks_python_variables_to_children_unless_env_is_given() -> None:
     assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]
 
 
+def test_gemma3_multimodal_capture_assumptions() -> None:
+    """What our Gemma 3 text + vision's capture support rests on
+    (docs/dev/max-workarounds.md, "Gemma 3 text + vision")."""
+    from max.pipelines.architectures.gemma3multimodal_modulev3.arch import gemma3_multimodal_modulev3_arch
+    from max.pipelines.architectures.gemma3multimodal_modulev3.batch_processor import (
+        Gemma3MultiModalModuleV3BatchProcessor,
+    )
+    from max.pipelines.architectures.gemma3multimodal_modulev3.inputs import Gemma3MultiModalModelInputs
+    from max.pipelines.context import TextContext
+    from max.pipelines.lib.pipeline_variants.overlap_text_generation import OverlapTextGenerationPipeline
+
+    # MAX's own cannot be captured: no buffer ABI, capture off.
+    assert "buffers" not in Gemma3MultiModalModelInputs.__dict__
+    assert not gemma3_multimodal_modulev3_arch.supports_device_graph_capture
+    # Only token-generation (decode) batches replay a captured graph; the rest run execute().
+    source = inspect.getsource(OverlapTextGenerationPipeline)
+    assert re.search(r"use_graph_capture_replay = \(\s*runner is not None\s*and bool\(inputs\)\s*"
+                     r"and inputs\.batch_type == BatchType\.TG", source)  # fmt: skip
+    # A prompt's images are batched from its unprocessed images only; warm-up's contexts have none.
+    assert "context.next_images" in inspect.getsource(Gemma3MultiModalModuleV3BatchProcessor._prepare_vision_inputs)
+    assert not hasattr(TextContext, "next_images")
+    assert "TextContext(" in inspect.getsource(OverlapTextGenerationPipeline._warmup_model_inputs)
+
+
 def test_gemma3_attention_still_ignores_query_pre_attn_scalar() -> None:
     """MAX's Gemma 3 builds its attention without a scale (so head_dim ** -0.5);
     ours passes transformers' query_pre_attn_scalar ** -0.5

@@ -109,7 +109,10 @@ class AttnQuantGemma3MultiModalBatchProcessor(Gemma3MultiModalModuleV3BatchProce
         self, *, kv_params: KVCacheParamInterface, device_ref: DeviceRef, hidden_size: int
     ) -> list[TensorType | BufferType]:
         return modulev3_gemma_multimodal_language_symbolic_inputs(
-            kv_params=kv_params, device_ref=device_ref, hidden_size=hidden_size, embedding_dtype=self._gemma_config.dtype
+            kv_params=kv_params,
+            device_ref=device_ref,
+            hidden_size=hidden_size,
+            embedding_dtype=self._gemma_config.dtype,
         )
 
     def _prepare_vision_inputs(self, context_batch: Sequence[Any], device0: Device) -> Buffer | None:

@@ -215,7 +215,7 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
         tensors = self._vision_weights_dict.values()
         mib = sum(math.prod(int(d) for d in t.shape) * t.dtype.size_in_bytes for t in tensors) / 2**20
         where = (
-            "compiled for the GPU"
+            "it runs on the GPU"
             if self.vision_on_device
             else "not compiled: MAX's runs on GPU only, so this CPU server serves text and refuses image requests"
         )

@@ -98,6 +98,18 @@ class DevicesFromMesh:
         return list(self.mesh.devices)
 
 
+def gemma3_attention_scale(query_pre_attn_scalar: float | None, head_dim: int) -> float:
+    """Gemma 3's attention scale, ``query_pre_attn_scalar ** -0.5`` (transformers').
+
+    MAX 26.7's Gemma 3 (ModuleV3 and graph API) reads ``query_pre_attn_scalar``
+    into its config and never uses it: its attention scales by
+    ``head_dim ** -0.5``. The two agree for Gemma 3 270M to 12B (both 256)
+    and differ for Gemma 3 27B (168 against head_dim 128), whose attention
+    logits MAX's own model then scales by 1.15x too much.
+    """
+    return float(query_pre_attn_scalar or head_dim) ** -0.5
+
+
 def weight_files(weights: Any) -> list[Path]:
     """The checkpoint files behind MAX's ``Weights`` object.
 

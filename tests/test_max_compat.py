@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import inspect
+import re
 
 from importlib.metadata import version
 from pathlib import Path
@@ -83,3 +84,41 @@ def test_max_leaks_python_variables_to_children_unless_env_is_given() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=REPO
     )
     assert result.stdout.split() == ["True", "True"], result.stderr[-2000:]
+
+
+def test_gemma3_multimodal_capture_assumptions() -> None:
+    """What our Gemma 3 text + vision's capture support rests on
+    (docs/dev/max-workarounds.md, "Gemma 3 text + vision")."""
+    from max.pipelines.architectures.gemma3multimodal_modulev3.arch import gemma3_multimodal_modulev3_arch
+    from max.pipelines.architectures.gemma3multimodal_modulev3.batch_processor import (
+        Gemma3MultiModalModuleV3BatchProcessor,
+    )
+    from max.pipelines.architectures.gemma3multimodal_modulev3.inputs import Gemma3MultiModalModelInputs
+    from max.pipelines.context import TextContext
+    from max.pipelines.lib.pipeline_variants.overlap_text_generation import OverlapTextGenerationPipeline
+
+    # MAX's own cannot be captured: no buffer ABI, capture off.
+    assert "buffers" not in Gemma3MultiModalModelInputs.__dict__
+    assert not gemma3_multimodal_modulev3_arch.supports_device_graph_capture
+    # Only token-generation (decode) batches replay a captured graph; the rest run execute().
+    source = inspect.getsource(OverlapTextGenerationPipeline)
+    assert re.search(r"use_graph_capture_replay = \(\s*runner is not None\s*and bool\(inputs\)\s*"
+                     r"and inputs\.batch_type == BatchType\.TG", source)  # fmt: skip
+    # A prompt's images are batched from its unprocessed images only; warm-up's contexts have none.
+    assert "context.next_images" in inspect.getsource(Gemma3MultiModalModuleV3BatchProcessor._prepare_vision_inputs)
+    assert not hasattr(TextContext, "next_images")
+    assert "TextContext(" in inspect.getsource(OverlapTextGenerationPipeline._warmup_model_inputs)
+
+
+def test_gemma3_attention_still_ignores_query_pre_attn_scalar() -> None:
+    """MAX's Gemma 3 builds its attention without a scale (so head_dim ** -0.5);
+    ours passes transformers' query_pre_attn_scalar ** -0.5
+    (``max_compat.gemma3_attention_scale``): Gemma 3 27B has 168 and head_dim 128."""
+    from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3TextModel
+
+    from attnquant.max_compat import gemma3_attention_scale
+
+    assert not re.search(r"\bscale=", inspect.getsource(Gemma3TextModel.__init__))
+    assert "math.sqrt(1.0 / kv_params.head_dim)" in inspect.getsource(Gemma3Attention.__init__)
+    assert gemma3_attention_scale(168, 128) == 168**-0.5
+    assert gemma3_attention_scale(None, 128) == 128**-0.5

@@ -31,7 +31,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -231,12 +231,44 @@ def host_weights(served: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return weights
 
 
+# A text + vision Gemma 3 checkpoint's file names (Google's layout, and what
+# transformers 5.12's save_pretrained writes: vision_tower.* without
+# vision_model.) -> the names of transformers 5's module tree.
+_MULTIMODAL_FILE_NAMES: tuple[tuple[str, str], ...] = (
+    ("language_model.model.", "model.language_model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.vision_model.", "model.vision_tower."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def module_names(checkpoint: Mapping[str, torch.Tensor], known: Collection[str]) -> dict[str, torch.Tensor]:
+    """``checkpoint``'s tensors under the transformers model's own names
+    (``known``): a name the model has stays, a text + vision checkpoint's
+    file layout is renamed."""
+    renamed = {}
+    for name, tensor in checkpoint.items():
+        if name not in known:
+            for before, after in _MULTIMODAL_FILE_NAMES:
+                if name.startswith(before):
+                    name = after + name[len(before) :]
+                    break
+        renamed[name] = tensor
+    return renamed
+
+
 def transformers_model(
     model_dir: Path, env: Mapping[str, str], *, device: str = "cpu", dtype: torch.dtype = torch.float32
 ) -> Any:
     """transformers' model of ``model_dir`` holding the weights MAX serves under
     ``env`` (computed on the host, NVFP4 dequantized; an NVFP4 output head
-    unties the head from the embedding, as ours does), in ``dtype`` on ``device``."""
+    unties the head from the embedding, as ours does), in ``dtype`` on ``device``.
+
+    A text + vision checkpoint (``Gemma3ForConditionalGeneration``) gives
+    that class, whose text-only forward and ``generate`` are the reference
+    for our language model; its vision tower keeps the checkpoint's weights.
+    """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 
@@ -249,14 +281,18 @@ def transformers_model(
     config = AttnQuantConfig.from_env(env)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tied = bool(model.config.get_text_config().tie_word_embeddings)
-    head = OutputHead("lm_head", "model.embed_tokens.weight", tied=tied)
-    tensors = load_state_dict(model_dir)
+    parameters = model.state_dict(keep_vars=True)
+    embedding = next(
+        name for name, t in parameters.items() if t is model.get_input_embeddings().weight and "lm_head" not in name
+    )
+    head = OutputHead("lm_head", embedding, tied=tied)
+    checkpoint = module_names(load_state_dict(model_dir), parameters.keys())
     importances = importance.for_quantization(
-        tensors, find_projections(tensors), config, importance.for_checkpoint_config(read_config(model_dir)),
+        checkpoint, find_projections(checkpoint), config, importance.for_checkpoint_config(read_config(model_dir)),
         embedding=head.embedding, head=head.weight_name if config.lm_head == "nvfp4" else None,
     )  # fmt: skip
-    served = precompute_outside(tensors, config, head=head, importance=importances, progress=False).state_dict
-    del tensors
+    served = precompute_outside(checkpoint, config, head=head, importance=importances, progress=False).state_dict
+    del checkpoint
     weights = host_weights(served)
     del served
     if tied and "lm_head.weight" in weights:  # an NVFP4 head of its own

@@ -16,7 +16,9 @@ from typing import Any
 
 from max.pipelines.architectures.gemma4.tokenizer import Gemma4Tokenizer
 from max.pipelines.context.exceptions import InputError
-from max.pipelines.lib import TextTokenizer
+from max.pipelines.lib import TextAndVisionTokenizer, TextTokenizer
+
+from .vision import IMAGES_NEED_A_GPU, serves_on_cpu
 
 
 def embedding_rows(pipeline_config: Any) -> int:
@@ -69,3 +71,18 @@ class AttnQuantTextTokenizer(CheckedTokensMixin, TextTokenizer):
 
 class AttnQuantGemma4Tokenizer(CheckedTokensMixin, Gemma4Tokenizer):
     """Gemma 4's tokenizer (text and images)."""
+
+
+class AttnQuantTextAndVisionTokenizer(CheckedTokensMixin, TextAndVisionTokenizer):
+    """Gemma 3 4B/12B/27B's tokenizer (text and images): MAX's, with the token
+    checks, and on a CPU server an image request refused with HTTP 400
+    (MAX's Gemma 3 vision tower runs on GPU only; models/common/vision.py)."""
+
+    def __init__(self, model_path: str, pipeline_config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model_path, pipeline_config, *args, **kwargs)
+        self.images_refused = serves_on_cpu(pipeline_config)
+
+    async def new_context(self, request: Any) -> Any:
+        if self.images_refused and request.images:
+            raise InputError(IMAGES_NEED_A_GPU)
+        return await super().new_context(request)

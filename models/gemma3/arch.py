@@ -1,14 +1,20 @@
-"""Registers our Gemma 3 under MAX's own name, so it replaces the built-in.
+"""Registers our Gemma 3 under MAX's own names, so it replaces the built-ins.
 
 A custom architecture with a built-in's name wins the lookup
 (``--custom-architectures``), and MAX's registry resolves the base name
-before any ``_ModuleV3`` variant, so ``Gemma3ForCausalLM`` checkpoints are
-served by this one, on CPU and GPU alike.
+before any ``_ModuleV3`` variant, so ``Gemma3ForCausalLM`` (270M, 1B) and
+``Gemma3ForConditionalGeneration`` (4B, 12B, 27B: text + vision)
+checkpoints are served by these, on CPU and GPU alike (images on GPU only).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from max.graph.weights import WeightsFormat
+from max.pipelines.architectures.gemma3multimodal_modulev3.arch import (
+    gemma3_multimodal_modulev3_arch,
+)
 from max.pipelines.context import TextContext
 from max.pipelines.kv_cache.memory_planner import PagedMemoryPlanner
 from max.pipelines.lib import SupportedArchitecture
@@ -16,11 +22,12 @@ from max.pipelines.modeling.types import PipelineTask
 
 from attnquant.load.memory import with_served_weights_size
 
-from ..common.tokenizer import AttnQuantTextTokenizer
+from ..common.tokenizer import AttnQuantTextAndVisionTokenizer, AttnQuantTextTokenizer
 from . import weight_adapters
-from .inputs import AttnQuantGemma3BatchProcessor
-from .model import AttnQuantGemma3Model
-from .model_config import AttnQuantGemma3Config
+from .inputs import AttnQuantGemma3BatchProcessor, AttnQuantGemma3MultiModalBatchProcessor
+from .memory_planner import Gemma3MultiModalMemoryPlanner
+from .model import AttnQuantGemma3Model, AttnQuantGemma3MultiModalModel
+from .model_config import AttnQuantGemma3Config, AttnQuantGemma3MultiModalConfig
 
 gemma3_arch = SupportedArchitecture(
     name="Gemma3ForCausalLM",
@@ -45,4 +52,27 @@ gemma3_arch = SupportedArchitecture(
     # captured and replayed as one device graph.
     supports_device_graph_capture=True,
     supports_overlap_scheduler=False,
+)
+
+# Text + vision: MAX's ModuleV3 Gemma 3 multimodal architecture (context,
+# required arguments, input modalities, MAX's own renaming in the model's
+# _load_state_dict) with our model, config, batching, tokenizer and planner.
+gemma3_multimodal_arch = replace(
+    gemma3_multimodal_modulev3_arch,
+    name="Gemma3ForConditionalGeneration",
+    default_encoding="bfloat16",
+    supported_encodings=AttnQuantGemma3MultiModalConfig.SUPPORTED_ENCODINGS,
+    pipeline_model=AttnQuantGemma3MultiModalModel,
+    # MAX's, with the token checks of the text line, and image requests
+    # refused (HTTP 400) on a CPU server (MAX's vision tower is GPU-only).
+    tokenizer=AttnQuantTextAndVisionTokenizer,
+    multi_gpu_supported=False,
+    config=AttnQuantGemma3MultiModalConfig,
+    batching=AttnQuantGemma3MultiModalBatchProcessor,
+    # MAX's reservation for the vision tower on GPU, none on CPU
+    # (memory_planner.py); the KV cache sized with the served weight bytes.
+    memory_planner=with_served_weights_size(Gemma3MultiModalMemoryPlanner),
+    # The language graph's decode step is captured (MAX's cannot be: its
+    # inputs have no buffer ABI); steps with images run eagerly (inputs.py).
+    supports_device_graph_capture=True,
 )

@@ -1,4 +1,9 @@
-"""Gemma 3 configuration: MAX's, plus attnquant's settings and load-time plan."""
+"""Gemma 3 configurations: MAX's, plus attnquant's settings and load-time plan.
+
+``AttnQuantGemma3Config`` for the text-only line (``Gemma3ForCausalLM``,
+270M/1B), ``AttnQuantGemma3MultiModalConfig`` for text + vision
+(``Gemma3ForConditionalGeneration``, 4B/12B/27B).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from max.pipelines.architectures.gemma3_modulev3.model_config import Gemma3Config
+from max.pipelines.architectures.gemma3multimodal_modulev3.model_config import (
+    Gemma3ForConditionalGenerationConfig,
+)
 from max.pipelines.lib import PipelineConfig
 from max.pipelines.modeling.config_enums import SupportedEncoding
 from typing_extensions import Self
@@ -43,4 +51,32 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
         config.attnquant = read_settings()
         config.dtype = model_dtype(config.dtype)
+        return config
+
+
+@dataclass(kw_only=True)
+class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
+    """MAX's ModuleV3 Gemma 3 text + vision config that also runs in float32.
+
+    float32 is for CPU (``run_max.py`` passes ``--quantization-encoding
+    float32`` there), where MAX's vision tower cannot run: a CPU server
+    serves the language model only (models/common/vision.py). MAX's
+    ``float8_e4m3fn`` (a pre-quantized checkpoint) is not offered: attnquant
+    quantizes a bfloat16 checkpoint itself. MAX's config already has the
+    ``devices`` its memory planner needs.
+    """
+
+    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
+
+    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
+    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
+    projection_plan: ProjectionPlan = field(default_factory=dict)
+    """Per projection group of the language model, its run-time parts (see attnquant.plan)."""
+
+    @classmethod
+    def initialize_from_config(
+        cls, pipeline_config: PipelineConfig, huggingface_config: Any, *, max_seq_len: int
+    ) -> Self:
+        config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
+        config.attnquant = read_settings()
         return config

@@ -2,7 +2,9 @@
 
 It adopts the configuration (rotary tables, QK norms, window, KV params) of
 MAX's own ``Gemma3Attention`` and replaces only the projections, so
-everything between the two matmuls is MAX's code path unchanged.
+everything between the two matmuls is MAX's code path unchanged, but for the
+scale: transformers' ``query_pre_attn_scalar ** -0.5``, which MAX 26.7
+ignores (``attnquant.max_compat.gemma3_attention_scale``).
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ class ProjectedGemma3Attention(Module[..., Tensor]):
         base: Gemma3Attention,
         qkv: tuple[PartPlan, ...],
         o: tuple[PartPlan, ...],
+        scale: float,
     ) -> None:
         super().__init__()
         for name in _ADOPTED:
             setattr(self, name, getattr(base, name))
+        self.scale = scale
         self.rope_global = base.rope_global
         self.rope_local = base.rope_local
         self.q_norm = base.q_norm

@@ -30,9 +30,9 @@
 #      padding servers: MAX's built-in bf16 against ours NVFP4 + capture, and
 #      at 27B ours serving its own ModelOpt export with attention in bf16
 #      (attnquant quantize --ignore self_attn), c=1 and c=8.
-# Override: PHASES (default "kernels invariance padding verify quantize mtp big"), WAIT_S (540),
-# TRIALS (3), MM_PERCENT (5: each small server's memory-manager arena, % of free memory),
-# G4_LAYERS (4), G27_LAYERS (10).
+# Override: PHASES (default "invariance padding verify quantize mtp big"; "kernels" adds 1.),
+# WAIT_S (540), TRIALS (3), G4_LAYERS (4), G27_LAYERS (10). Each server's memory-manager
+# arena (% of the memory free when it starts) is set per cell; MM_PERCENT (5) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
 # call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
 set -uo pipefail
@@ -41,7 +41,7 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
-PHASES="${PHASES:-kernels invariance padding verify quantize mtp big}"
+PHASES="${PHASES:-invariance padding verify quantize mtp big}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
@@ -59,9 +59,9 @@ checkpoints() {
   ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
 }
 
-invariance() {  # invariance NAME MODEL PORT
+invariance() {  # invariance NAME MODEL PORT ARENA%
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$2" --port-base "$3" \
-    --cells builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on \
+    --cells "builtin-bf16:off${MM}=$4" "attnquant-bf16:on${MM}=$4" "attnquant-nvfp4:on${MM}=$4" \
     --prompts 32 --tokens 64 --concurrency 8 32 64 --max-batch-size 64 --memory-fraction 0.6 \
     --out "$WORK/invariance-$1/results.json" > "$WORK/invariance-$1.txt" 2>&1
 }
@@ -71,37 +71,35 @@ mtp() {
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
     --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
-    --draft-model "$WORK/g4-assistant" --reference attnquant-nvfp4:on \
-    --cells attnquant-nvfp4:on attnquant-nvfp4-mtp3:on attnquant-nvfp4-mtp3:off attnquant-nvfp4:off \
+    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on${MM}=10" \
+    --cells "attnquant-nvfp4:on${MM}=10" "attnquant-nvfp4-mtp3:on${MM}=10" "attnquant-nvfp4-mtp3:off${MM}=10" \
     --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.6 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
 
-big_checkpoints() {  # while the invariance servers compile
-  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1
+big_checkpoints() {  # while the first servers compile
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" \
     --device cuda:0 2>&1 | tail -1
   python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1
 }
 
-big() {  # after the invariance servers are gone
+big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 \
+    --trials 2 --concurrency 1 8 --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" \
+    --cells "builtin-bf16:off${MM}=27" "attnquant-nvfp4:on${MM}=28" "attnquant-modelopt:on${MM}=29" \
+    --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --trials 2 --concurrency 1 8 \
-    --cells "builtin-bf16:off${MM}=8" "attnquant-nvfp4:on${MM}=7" \
+    --cells "builtin-bf16:off${MM}=30" "attnquant-nvfp4:on${MM}=30" \
     --memory-fraction 0.8 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
-    > "$WORK/big-4b.txt" 2>&1 &
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --trials 2 \
-    --concurrency 1 8 --cells "builtin-bf16:off${MM}=12" "attnquant-nvfp4:on${MM}=9" "attnquant-modelopt:on${MM}=9" \
-    --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" --out "$WORK/g3-27b-bench/results.jsonl" \
-    > "$WORK/big-27b.txt" 2>&1 &
-  wait
+    > "$WORK/big-4b.txt" 2>&1
 }
 
-run() {
+run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   say "checkpoints"; checkpoints
   if wants big; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
-  BIG_PREP=$!
   if wants kernels; then  # on the idle card, while the servers below compile on the host
     say "kernels"; ( flock "$LOCK" timeout 420 python3 "$HERE/../kernel_timing/kernels_h200.py" --out "$WORK/kernels" \
       > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
@@ -109,26 +107,24 @@ run() {
   fi
   ( if wants invariance; then
       say "invariance"
-      invariance 1b "$WORK/g3-1b" 8300 & invariance 270m "$WORK/g3-270m" 8310 & wait
-      say "invariance done"
+      invariance 1b "$WORK/g3-1b" 8300 8 & invariance 270m "$WORK/g3-270m" 8310 5 & wait
     fi
-    if wants big; then
-      ( wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big"; big; say "big done" ) &
-    fi
+    say "invariance done"
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-3}" \
-        --cells attnquant-bf16:on attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0 attnquant-nvfp4:on \
+        --cells "attnquant-bf16:on${MM}=8" "attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8" "attnquant-nvfp4:on${MM}=8" \
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"
-    fi
-    wait ) &
-  if wants mtp; then
-    ( say "mtp"; mtp; say "mtp done" ) &
-  fi
-  if wants verify; then
-    ( flock "$LOCK" timeout 900 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
+    fi ) &
+  ( if wants mtp; then say "mtp"; mtp; say "mtp done"; fi
+    if wants big; then  # the GPU's memory: after the invariance and MTP servers are gone
+      wait_for "$WORK/progress.log" "invariance done"; wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"
+      say "big"; big; say "big done"
+    fi ) &
+  if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds
+    ( timeout 900 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
   fi
   if wants quantize; then

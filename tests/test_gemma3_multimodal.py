@@ -75,6 +75,33 @@ def test_name_resolves_to_ours(custom_architectures, prefer_module_v3: bool) -> 
     assert "float32" in gemma3_multimodal_arch.supported_encodings
 
 
+def test_every_architecture_takes_a_modelopt_export_on_gpu() -> None:
+    """MAX gives an NVFP4 checkpoint the float4_e2m1fnx2 encoding on a GPU and
+    refuses an architecture that does not list it, before any of ours runs."""
+    import models
+
+    for arch in models.ARCHITECTURES:
+        assert {"bfloat16", "float32", "float4_e2m1fnx2"} <= set(arch.supported_encodings), arch.name
+
+
+def test_modelopt_encoding_serves_the_rest_in_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float4_e2m1fnx2's dtype (uint8) is only the packed weights': the model
+    and its text tower run in bf16."""
+    from max.dtype import DType
+    from max.pipelines.architectures.gemma3multimodal_modulev3.model_config import (
+        Gemma3ForConditionalGenerationConfig,
+    )
+
+    from models.gemma3.model_config import AttnQuantGemma3MultiModalConfig
+
+    parsed = SimpleNamespace(dtype=DType.uint8, text_config=SimpleNamespace(dtype=DType.uint8))
+    monkeypatch.setattr(
+        Gemma3ForConditionalGenerationConfig, "initialize_from_config", classmethod(lambda cls, *a, **k: parsed)
+    )
+    config = AttnQuantGemma3MultiModalConfig.initialize_from_config(None, None, max_seq_len=16)
+    assert (config.dtype, config.text_config.dtype) == (DType.bfloat16, DType.bfloat16)
+
+
 # --- weight names (no compile) -----------------------------------------------------
 
 

@@ -26,6 +26,7 @@ import torch
 
 from attnquant.formats import nvfp4
 from attnquant.formats.names import find_projections
+from attnquant.load import importance
 from attnquant.load.checkpoint import load_state_dict
 from attnquant.config import AttnQuantConfig
 from attnquant.load.precompute import precompute_outside
@@ -194,7 +195,8 @@ def _hf_config(**text):
         (dict(enable_moe_block=True, num_experts=8, top_k_experts=2), None, "enable_moe_block=True, num_experts=8"),
         (dict(hidden_size_per_layer_input=256), None, "hidden_size_per_layer_input=256"),
         (dict(num_kv_shared_layers=1), None, "num_kv_shared_layers=1"),
-        ({}, {"quant_method": "modelopt"}, "quantization_config is set"),
+        ({}, {"quant_method": "modelopt"}, r"quantization_config modelopt/\?: attnquant serves bf16"),
+        ({}, {"quant_method": "gptq"}, r"quantization_config gptq/\?"),
     ],
 )
 def test_unsupported_configs_are_named(text, quantization, expected) -> None:
@@ -421,7 +423,11 @@ def reference_model(model_dir: Path, env: dict[str, str]) -> torch.nn.Module:
     )
 
     config = AttnQuantConfig.from_env({**env, "ATTNQUANT_CACHE": "0"})
-    served = precompute_outside(load_state_dict(model_dir), config, progress=False).state_dict
+    checkpoint = load_state_dict(model_dir)
+    keys = find_projections(checkpoint)
+    # The weighted scale search's importances, as a served Gemma 4 load computes them.
+    importances = importance.for_quantization(checkpoint, keys, config, importance.GEMMA4)
+    served = precompute_outside(checkpoint, config, keys=keys, importance=importances, progress=False).state_dict
     weights = {}
     for name, tensor in served.items():
         if not name.startswith("model.language_model."):

@@ -471,3 +471,48 @@ def test_searches_do_not_depend_on_the_thread_count() -> None:
         torch.set_num_threads(threads)
     for one, many in zip(*results):
         assert torch.equal(one.packed, many.packed) and torch.equal(one.block_scale_bits(), many.block_scale_bits())
+
+
+class _CudaScalarDivision(torch.overrides.TorchFunctionMode):
+    """Divides by a Python number as CUDA does: through the float32 reciprocal
+    (``x * (1/d)``), which is not always ``x / d``. Run on the CPU, it is the
+    GPU's arithmetic for that one operation and the CPU's for the rest."""
+
+    DIVISIONS = {torch.Tensor.__truediv__, torch.Tensor.div, torch.div, torch.true_divide}
+    IN_PLACE = {torch.Tensor.__itruediv__, torch.Tensor.div_}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func in self.DIVISIONS or func in self.IN_PLACE) and len(args) == 2 and isinstance(args[1], (int, float)):
+            if not kwargs and args[0].is_floating_point():
+                self.seen += 1
+                inverse = torch.tensor(1.0) / torch.tensor(float(args[1]))
+                result = (args[0].float() * inverse).to(args[0].dtype)
+                return args[0].copy_(result) if func in self.IN_PLACE else result
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("policy", list(ScalePolicy))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_scales_do_not_depend_on_how_a_device_divides_by_a_constant(policy: ScalePolicy, dtype: torch.dtype) -> None:
+    """The CPU twin of the GPU check (bench/checks/scale_search_devices.py):
+    the same bits when every division by a constant is done as CUDA does it."""
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(1024, 1024, generator=generator) * 0.02
+    weight.view(1024, 64, 16)[:, ::3] = 0  # zero blocks, as in the GPU check
+    # Block maxima one ulp from 6x an E4M3 rounding tie (with the global
+    # scale 1, from an element of 2688): x / 6 and x * (1/6) round apart there.
+    weight[0, 0] = 2688.0
+    ties = torch.tensor([0.1113281175494194, 0.2226562350988388, 0.4453124701976776, 0.8906249403953552])
+    weight[1:5, 16:32] = ties.view(4, 1) * torch.linspace(0.1, 1.0, 16)
+    weight = weight.to(dtype)
+    extra = {"importance": torch.rand(1024, generator=generator).pow(3)} if policy is ScalePolicy.WEIGHTED else {}
+    plain = nvfp4.quantize(weight, scale_policy=policy, **extra)
+    with _CudaScalarDivision():
+        as_cuda = nvfp4.quantize(weight, scale_policy=policy, **extra)
+    assert torch.equal(plain.block_scale_bits(), as_cuda.block_scale_bits())
+    assert torch.equal(plain.packed, as_cuda.packed) and torch.equal(plain.global_scale, as_cuda.global_scale)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from tests.bench_modules import bench_module
 
 
@@ -57,7 +59,8 @@ def test_a_cell_is_compared_alone_batched_and_with_the_reference(monkeypatch) ->
     served = {"p0": [10, 11], "p1": [20, 21]}
     calls = []
 
-    def complete(port: int, model: str, prompt: str, tokens: int):
+    def complete(port: int, model: str, prompt: str, tokens: int, margins: bool):
+        assert margins is False
         calls.append(prompt)
         ids = list(served[prompt])
         if prompt == "p1" and calls.count("p1") > 1:
@@ -66,12 +69,32 @@ def test_a_cell_is_compared_alone_batched_and_with_the_reference(monkeypatch) ->
 
     monkeypatch.setattr(invariance, "complete", complete)
     reference = [invariance.Greedy([12, 11], [0.03, 1.0]), invariance.Greedy([20, 21], [1.0, 1.0])]
-    result, alone = invariance.check_cell(0, "m", ["p0", "p1"], 2, [2], reference)
+    result, alone = invariance.check_cell(0, "m", ["p0", "p1"], 2, [2], reference, False)
     assert [g.ids for g in alone] == [[10, 11], [20, 21]]
     assert [r["identical"] for r in result["batched"][2]] == [True, False]
     assert result["batched"][2][1]["first_difference"] == 1
     assert [(r["first_difference"], r["margin"]) for r in result["vs_reference"][1]] == [(0, 0.03), (None, None)]
     assert [r["first_difference"] for r in result["vs_reference"][2]] == [0, 1]
+
+
+@pytest.mark.parametrize("margins", [True, False])
+def test_log_probabilities_are_asked_only_for_margins(monkeypatch, margins: bool) -> None:
+    """MAX answers HTTP 400 to logprobs under its overlap scheduler (capture, MTP)."""
+    import io
+    import json
+
+    invariance = bench_module("batch_invariance")
+    sent = []
+    reply = {"choices": [{"token_ids": [5, 6], "logprobs": {"top_logprobs": [{"a": -0.1, "b": -0.6}, {"c": 0.0}]}}]}
+
+    def urlopen(request, timeout):
+        sent.append(json.loads(request.data))
+        return io.BytesIO(json.dumps(reply).encode())
+
+    monkeypatch.setattr(invariance.urllib.request, "urlopen", urlopen)
+    greedy = invariance.complete(1, "m", "p", 2, margins)
+    assert ("logprobs" in sent[0]) is margins and sent[0]["max_tokens"] == 2
+    assert greedy.ids == [5, 6] and greedy.margins == [pytest.approx(0.5), float("inf")]
 
 
 def test_modelopt_cell_serves_the_export_with_no_attnquant_setting() -> None:

@@ -194,7 +194,11 @@ def _e4m3_codes(values: torch.Tensor) -> torch.Tensor:
 def _rtn_scale_codes(block_amax: torch.Tensor, global_encode: torch.Tensor) -> torch.Tensor:
     """E4M3 codes of ``block_amax / 6``, in global-encoded units (the reference)."""
     assert block_amax.dtype == torch.float32
-    return _e4m3_codes((block_amax / E2M1_MAX).mul_(global_encode))
+    # Divided by a tensor on the same device, never by a Python number: CUDA
+    # divides by a host scalar through its reciprocal (x * (1/6)), which is
+    # not always x / 6, and the scales must be the same bits on every device.
+    six = torch.full((), E2M1_MAX, dtype=torch.float32, device=block_amax.device)
+    return _e4m3_codes((block_amax / six).mul_(global_encode))
 
 
 def _block_decode_scales(scale_codes: torch.Tensor) -> torch.Tensor:

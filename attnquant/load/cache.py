@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from attnquant.config import AttnQuantConfig, LOGGER_NAME
 from attnquant.files import atomic_file
 
-FORMAT_VERSION = 3  # 3: entries carry their load report's info
+FORMAT_VERSION = 4  # 4: GPU-prepared block scales the bits the CPU gives
 """Bump when the produced tensors change for the same checkpoint and config."""
 
 logger = logging.getLogger(LOGGER_NAME)

@@ -7,7 +7,11 @@ bench/harness/serve_benchmark.py): ``--prompts`` distinct prompts, greedy,
 several times). Per request, the token ids at each concurrency are compared
 with its ids alone; where they differ, the first diverging position and the
 margin there (top-1 minus top-2 log probability of the request alone, so a
-difference at a near-tie is told from a corrupted buffer) are printed.
+difference at a near-tie is told from a corrupted buffer) are printed. Margins
+come only from cells with capture off and no drafter: MAX refuses log
+probabilities (HTTP 400) under the overlap scheduler that capture and
+speculative decoding run, so there a difference prints ``(-)``. A cell whose
+requests are refused is reported with MAX's reason; the other cells go on.
 
     python bench/harness/batch_invariance.py --model DIR --cells builtin-bf16:off \\
         attnquant-bf16:on attnquant-nvfp4:on --out results.json
@@ -33,6 +37,7 @@ import argparse
 import json
 import signal
 import sys
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,11 +60,11 @@ class Greedy:
     """Per generated position: top-1 minus top-2 log probability (inf: one candidate)."""
 
 
-def complete(port: int, model: str, prompt: str, tokens: int) -> Greedy:
-    body = {
-        "model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
-        "return_token_ids": True, "logprobs": 2,
-    }  # fmt: skip
+def complete(port: int, model: str, prompt: str, tokens: int, margins: bool) -> Greedy:
+    """One greedy completion; ``margins``: ask for the top-2 log probabilities."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0.0, "return_token_ids": True}
+    if margins:
+        body["logprobs"] = 2
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"content-type": "application/json"}
     )
@@ -86,11 +91,12 @@ def compare(prompt: int, expected: Greedy, got: list[int]) -> dict:
 
 
 def check_cell(
-    port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int], reference: list[Greedy] | None
+    port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int],
+    reference: list[Greedy] | None, margins: bool,
 ) -> tuple[dict, list[Greedy]]:
     """(the cell's result, its completions alone). With ``reference`` (another
     cell's completions alone), every completion is also compared with those."""
-    alone = [complete(port, model, p, tokens) for p in prompts]
+    alone = [complete(port, model, p, tokens, margins) for p in prompts]
     result: dict = {"alone": [g.ids for g in alone], "batched": {}, "vs_reference": {}}
     if reference is not None:
         result["vs_reference"][1] = [compare(i, reference[i], g.ids) for i, g in enumerate(alone)]
@@ -98,7 +104,7 @@ def check_cell(
         repeats = -(-concurrency // len(prompts))
         requests = [i for _ in range(repeats) for i in range(len(prompts))]
         with ThreadPoolExecutor(concurrency) as pool:
-            batched = list(pool.map(lambda i: complete(port, model, prompts[i], tokens), requests))
+            batched = list(pool.map(lambda i: complete(port, model, prompts[i], tokens, margins), requests))
         result["batched"][concurrency] = [compare(i, alone[i], g.ids) for i, g in zip(requests, batched)]
         if reference is not None:
             result["vs_reference"][concurrency] = [compare(i, reference[i], g.ids) for i, g in zip(requests, batched)]
@@ -154,9 +160,14 @@ def main() -> None:
                 print(f"FAILED to start {cell.spec}: {error}", flush=True)
                 continue
             against = None if cell.spec == args.reference else reference
-            results[cell.spec], alone = check_cell(
-                port, str(served_model(cell, args)), prompts, args.tokens, args.concurrency, against
-            )
+            overlap = cell.capture or cell.drafted_tokens > 0  # MAX refuses logprobs there
+            try:
+                results[cell.spec], alone = check_cell(
+                    port, str(served_model(cell, args)), prompts, args.tokens, args.concurrency, against, not overlap
+                )
+            except urllib.error.HTTPError as error:
+                print(f"FAILED {cell.spec}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}", flush=True)
+                continue
             if cell.spec == args.reference:
                 reference = alone
             args.out.write_text(json.dumps(results, indent=1))

@@ -11,12 +11,12 @@
 #      float64 reference, timed, copy bandwidth in the same run), while the
 #      servers below compile on the host;
 #   2. batch invariance (bench/harness/batch_invariance.py) on random Gemma 3 1B
-#      weights and on the real Gemma 3 270M: MAX's built-in bf16, ours bf16 +
-#      capture, ours NVFP4 + capture;
+#      weights (ours bf16 + capture, ours NVFP4 + capture) and on the real Gemma 3
+#      270M (those two and MAX's built-in bf16);
 #   3. once those servers are done (their graphs then start from MAX's
-#      cache), the row padding's cost at one row: ours bf16 + capture against
-#      ATTNQUANT_ROW_PADDING=0, and ours NVFP4 + capture, one server session
-#      (bench/harness/serve_benchmark.py, the canonical c=1 harness);
+#      cache), ours bf16 + capture against ours NVFP4 + capture at one row, one
+#      server session (bench/harness/serve_benchmark.py, the canonical c=1
+#      harness); PADDING_OFF=1 adds ours bf16 with ATTNQUANT_ROW_PADDING=0;
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
 #   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
 #      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
@@ -25,13 +25,13 @@
 #      NVFP4 as the target, capture on and off, compared token for token with
 #      ours NVFP4 without a drafter, alone and at concurrency 8
 #      (bench/harness/batch_invariance.py --reference);
-#   7. Gemma 3 4B and 27B geometries (Gemma3ForConditionalGeneration, random
-#      weights, the 27B cut to G27_LAYERS layers for the disk), beside the
-#      padding servers: MAX's built-in bf16 against ours NVFP4 + capture, and
-#      at 27B ours serving its own ModelOpt export with attention in bf16
-#      (attnquant quantize --ignore self_attn), c=1 and c=8.
+#   7. after the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
+#      random weights cut to G27_LAYERS layers for the disk): ours serving its own
+#      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
+#      ours NVFP4 + capture and MAX's built-in bf16, c=1 and c=8; PHASES with
+#      "big4b" adds the 4B geometry (built-in against ours NVFP4).
 # Override: PHASES (default "invariance padding verify quantize mtp big"; "kernels" adds 1.),
-# WAIT_S (540), TRIALS (3), G4_LAYERS (4), G27_LAYERS (10). Each server's memory-manager
+# WAIT_S (540), TRIALS (2), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena (% of the memory free when it starts) is set per cell; MM_PERCENT (5) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
 # call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
@@ -59,20 +59,21 @@ checkpoints() {
   ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
 }
 
-invariance() {  # invariance NAME MODEL PORT ARENA%
-  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$2" --port-base "$3" \
-    --cells "builtin-bf16:off${MM}=$4" "attnquant-bf16:on${MM}=$4" "attnquant-nvfp4:on${MM}=$4" \
+invariance() {  # invariance NAME MODEL PORT ARENA% VARIANT...
+  local name="$1" model="$2" port="$3" arena="$4"; shift 4
+  local cells=(); for v in "$@"; do cells+=("$v${MM}=$arena"); done
+  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$model" --port-base "$port" --cells "${cells[@]}" \
     --prompts 32 --tokens 64 --concurrency 8 32 64 --max-batch-size 64 --memory-fraction 0.6 \
-    --out "$WORK/invariance-$1/results.json" > "$WORK/invariance-$1.txt" 2>&1
+    --out "$WORK/invariance-$name/results.json" > "$WORK/invariance-$name.txt" 2>&1
 }
 
 mtp() {
-  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-4}" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
     --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
-    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on${MM}=10" \
-    --cells "attnquant-nvfp4:on${MM}=10" "attnquant-nvfp4-mtp3:on${MM}=10" "attnquant-nvfp4-mtp3:off${MM}=10" \
+    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on${MM}=20" \
+    --cells "attnquant-nvfp4:on${MM}=20" "attnquant-nvfp4-mtp3:on${MM}=20" "attnquant-nvfp4-mtp3:off${MM}=20" \
     --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.6 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
@@ -81,16 +82,18 @@ big_checkpoints() {  # while the first servers compile
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" \
     --device cuda:0 2>&1 | tail -1
   python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
-  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1
+  if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1; fi
 }
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
+  # The ModelOpt export first: it starts alone, so it serves even if the lease ends early.
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 \
-    --trials 2 --concurrency 1 8 --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" \
-    --cells "builtin-bf16:off${MM}=27" "attnquant-nvfp4:on${MM}=28" "attnquant-modelopt:on${MM}=29" \
+    --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" \
+    --cells "attnquant-modelopt:on${MM}=30" "attnquant-nvfp4:on${MM}=28" "builtin-bf16:off${MM}=27" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --trials 2 --concurrency 1 8 \
-    --cells "builtin-bf16:off${MM}=30" "attnquant-nvfp4:on${MM}=30" \
+  wants big4b || return 0
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
+    --cells "builtin-bf16:off${MM}=30" "attnquant-nvfp4:on${MM}=30" --trials "${TRIALS:-2}" \
     --memory-fraction 0.8 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
     > "$WORK/big-4b.txt" 2>&1
 }
@@ -107,20 +110,24 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
   fi
   ( if wants invariance; then
       say "invariance"
-      invariance 1b "$WORK/g3-1b" 8300 8 & invariance 270m "$WORK/g3-270m" 8310 5 & wait
+      # MAX's built-in on the real 270M only: on random weights its failure is known.
+      invariance 1b "$WORK/g3-1b" 8300 8 attnquant-bf16:on attnquant-nvfp4:on &
+      invariance 270m "$WORK/g3-270m" 8310 5 builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on &
+      wait
     fi
     say "invariance done"
     if wants padding; then
       say "padding"
-      python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-3}" \
-        --cells "attnquant-bf16:on${MM}=8" "attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8" "attnquant-nvfp4:on${MM}=8" \
+      python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
+        --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" ${PADDING_OFF:+"attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8"} \
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"
     fi ) &
   ( if wants mtp; then say "mtp"; mtp; say "mtp done"; fi
     if wants big; then  # the GPU's memory: after the invariance and MTP servers are gone
-      wait_for "$WORK/progress.log" "invariance done"; wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"
+      # The invariance servers' arenas are small; the MTP servers' are gone by now.
+      wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"
       say "big"; big; say "big done"
     fi ) &
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds

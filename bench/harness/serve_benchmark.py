@@ -364,9 +364,10 @@ def main() -> None:
     parser.add_argument("--export", type=Path, help=f"the NVFP4 checkpoint {EXPORTED} cells serve (attnquant quantize)")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
+    args.out.parent.mkdir(parents=True, exist_ok=True)  # the servers' logs go there too
     if any(Cell.parse(spec).variant == EXPORTED for spec in args.cells) and not args.export:
         parser.error(f"a {EXPORTED} cell needs --export (attnquant quantize writes one)")
-    # SIGTERM (h200_session.sh stop) unwinds through run_session's finally,
+    # SIGTERM (h200_lease.sh stop) unwinds through run_session's finally,
     # which stops every server's process group (model workers included).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cells = [Cell.parse(spec) for spec in args.cells]

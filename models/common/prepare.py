@@ -10,6 +10,7 @@ from typing import Any
 from max.driver import Device
 from max.dtype import DType
 from max.graph.weights import Weights
+from max.pipelines.modeling.config_enums import SupportedEncoding
 
 from attnquant.config import AttnQuantConfig
 from attnquant.graph import runtime
@@ -18,6 +19,14 @@ from attnquant.load import pipeline
 from attnquant.load.head import OutputHead
 from attnquant.load.importance import ResidualStream
 from attnquant.max_compat import weight_files
+
+
+SUPPORTED_ENCODINGS: frozenset[SupportedEncoding] = frozenset({"bfloat16", "float32", "float4_e2m1fnx2"})
+"""The MAX encodings every attnquant architecture serves: ``bfloat16`` (a GPU),
+``float32`` (a CPU, where MAX refuses bfloat16: ``run_max.py`` passes
+``--quantization-encoding float32``) and ``float4_e2m1fnx2``, the encoding MAX
+gives a ModelOpt NVFP4 checkpoint on a GPU (its NVFP4 projections served as
+stored, the rest in bf16; see ``model_dtype``)."""
 
 
 def read_settings() -> AttnQuantConfig:

@@ -22,7 +22,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import DevicesFromMesh
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import model_dtype, read_settings
+from ..common.prepare import SUPPORTED_ENCODINGS, model_dtype, read_settings
 
 
 @dataclass(kw_only=True)
@@ -37,7 +37,7 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
     everything else in bf16.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32", "float4_e2m1fnx2"}
+    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
 
     attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
     """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
@@ -60,13 +60,13 @@ class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
 
     float32 is for CPU (``run_max.py`` passes ``--quantization-encoding
     float32`` there), where MAX's vision tower cannot run: a CPU server
-    serves the language model only (models/common/vision.py). MAX's
-    ``float8_e4m3fn`` (a pre-quantized checkpoint) is not offered: attnquant
-    quantizes a bfloat16 checkpoint itself. MAX's config already has the
-    ``devices`` its memory planner needs.
+    serves the language model only (models/common/vision.py). A ModelOpt
+    NVFP4 export is served as the text-only model serves one; its vision
+    tower is bf16. MAX's config already has the ``devices`` its memory
+    planner needs.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32"}
+    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
 
     attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
     """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
@@ -79,4 +79,6 @@ class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
     ) -> Self:
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
         config.attnquant = read_settings()
+        config.dtype = model_dtype(config.dtype)
+        config.text_config.dtype = model_dtype(config.text_config.dtype)
         return config

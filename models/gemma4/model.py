@@ -85,8 +85,9 @@ def output_head(config: AttnQuantGemma4Config) -> OutputHead:
 
 
 def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
-    """One log line: projections served, and the layers whose k and v share one."""
-    members = [m for parts in plan.values() for part in parts for m in part.members]
+    """One log line: the decoder layers' projections, and the layers whose k
+    and v share one (the output head, also in the plan, is on the load line)."""
+    members = [m for key, parts in plan.items() if ".layers." in key for part in parts for m in part.members]
     shared_kv = [
         i
         for i in range(len(layer_types))

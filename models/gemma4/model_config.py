@@ -21,7 +21,7 @@ from typing_extensions import Self
 from attnquant.config import AttnQuantConfig
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import model_dtype, read_settings
+from ..common.prepare import SUPPORTED_ENCODINGS, model_dtype, read_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'
 # ``Gemma4UnifiedTextConfig`` (the google/gemma-4-12B-it line) does not
@@ -108,7 +108,7 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
     served as stored, everything else in bf16.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[set[SupportedEncoding]] = {"bfloat16", "float32", "float4_e2m1fnx2"}
+    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
 
     attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
     """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""

@@ -1,7 +1,7 @@
 """The random benchmark checkpoints' weights (bench/checkpoints/random_checkpoint.py).
 
 The H200 figures rest on them: a Gemma 4 checkpoint whose model repeats a
-special token streamed no text and measured nothing (docs/throughput.md, run 5).
+special token streamed no text and measured nothing (the lab log, docs/dev/lab-log.md).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 from attnquant.config import AttnQuantConfig  # noqa: E402
 from attnquant.formats.names import find_projections  # noqa: E402
 from attnquant.formats.theta import build_theta  # noqa: E402
+from attnquant.load import importance  # noqa: E402
 from attnquant.load.checkpoint import load_state_dict  # noqa: E402
 from attnquant.load.precompute import num_layers_of, precompute_outside  # noqa: E402
 from attnquant.load.report import unique_nbytes  # noqa: E402
@@ -76,7 +77,9 @@ def main() -> int:
             started = time.monotonic()
             env = {"ATTNQUANT_BLOCKS": str(blocks), "ATTNQUANT_RANK": str(rank), "ATTNQUANT_QUANT": quant}
             config = AttnQuantConfig.from_env(env)
-            errors = precompute_outside(state, config, keys=keys, progress=False).layer_errors
+            # The weighted scale search's importances, as a served Gemma 3 load computes them.
+            importances = importance.for_quantization(state, keys, config, importance.GEMMA3)
+            errors = precompute_outside(state, config, keys=keys, importance=importances, progress=False).layer_errors
             candidate = transformers_source(args.model_dir, env)
             cached = iter(ref_cache)
             report = compare(lambda window: next(cached), candidate, windows)

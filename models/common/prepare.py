@@ -9,6 +9,7 @@ from typing import Any
 
 from max.driver import Device
 from max.dtype import DType
+from max.experimental.sharding import DeviceMesh
 from max.graph.weights import Weights
 from max.pipelines.modeling.config_enums import SupportedEncoding
 
@@ -35,6 +36,24 @@ def read_settings() -> AttnQuantConfig:
     settings = AttnQuantConfig.from_env()
     settings.apply_log_level()
     return settings
+
+
+def attach_settings(config: Any) -> Any:
+    """What each architecture's ``initialize_from_config`` adds to MAX's
+    parsed config: the settings, read once, and the model dtype."""
+    config.attnquant = read_settings()
+    config.dtype = model_dtype(config.dtype)
+    return config
+
+
+def single_device_mesh(devices: list[Any]) -> DeviceMesh:
+    """The one-device mesh our models build on (no tensor parallelism yet)."""
+    if len(devices) != 1:
+        raise ValueError(
+            f"attnquant serves on one device; got {len(devices)} "
+            "(tensor parallelism is not supported yet): pass one --devices entry"
+        )
+    return DeviceMesh(tuple(devices), (1,), ("tp",))
 
 
 def model_dtype(dtype: DType) -> DType:

@@ -22,7 +22,6 @@ import math
 from typing import Any, ClassVar, cast
 
 from max.experimental import functional as F
-from max.experimental.sharding import DeviceMesh
 from max.experimental.tensor import default_device, default_dtype
 from max.graph import DeviceRef
 from max.pipelines.architectures.gemma3_modulev3.gemma3 import Gemma3, Gemma3TextModel
@@ -47,7 +46,7 @@ from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
 from ..common.mlp import build_mlp
-from ..common.prepare import prepare_for_device, use_output_head
+from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from ..common.vision import IMAGES_NEED_A_GPU
 from . import weight_adapters
 from .inputs import AttnQuantGemma3BatchProcessor, AttnQuantGemma3MultiModalBatchProcessor
@@ -95,15 +94,6 @@ def use_projections(
                 activation=activation,
             )
         use_output_head(text_model, plan[head.group])
-
-
-def single_device_mesh(devices: list[Any]) -> DeviceMesh:
-    if len(devices) != 1:
-        raise ValueError(
-            f"attnquant serves on one device; got {len(devices)} "
-            "(tensor parallelism is not supported yet): pass one --devices entry"
-        )
-    return DeviceMesh(tuple(devices), (1,), ("tp",))
 
 
 class AttnQuantGemma3Model(Gemma3Model):

@@ -22,7 +22,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import DevicesFromMesh
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import SUPPORTED_ENCODINGS, model_dtype, read_settings
+from ..common.prepare import SUPPORTED_ENCODINGS, attach_settings, model_dtype
 
 
 @dataclass(kw_only=True)
@@ -49,9 +49,7 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
         cls, pipeline_config: PipelineConfig, huggingface_config: Any, *, max_seq_len: int
     ) -> Self:
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
-        config.attnquant = read_settings()
-        config.dtype = model_dtype(config.dtype)
-        return config
+        return attach_settings(config)
 
 
 @dataclass(kw_only=True)
@@ -78,7 +76,5 @@ class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
         cls, pipeline_config: PipelineConfig, huggingface_config: Any, *, max_seq_len: int
     ) -> Self:
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
-        config.attnquant = read_settings()
-        config.dtype = model_dtype(config.dtype)
         config.text_config.dtype = model_dtype(config.text_config.dtype)
-        return config
+        return attach_settings(config)

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from max.driver import Device
 
 from max.experimental import functional as F
-from max.experimental.sharding import DeviceMesh
 from max.experimental.tensor import default_device, default_dtype
 from max.graph import DeviceRef
 from max.graph.weights import Weights
@@ -35,7 +34,7 @@ from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
 from ..common.mlp import build_mlp
-from ..common.prepare import prepare_for_device, use_output_head
+from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
 from .model_config import AttnQuantGemma4Config
@@ -129,15 +128,6 @@ def use_projections(text_model: Gemma4TextModel, plan: ProjectionPlan, *, activa
                 activation=activation,
             )
         use_output_head(text_model, plan[f"{LANGUAGE_PREFIX}lm_head"])
-
-
-def single_device_mesh(devices: list[Any]) -> DeviceMesh:
-    if len(devices) != 1:
-        raise ValueError(
-            f"attnquant serves on one device; got {len(devices)} "
-            "(tensor parallelism is not supported yet): pass one --devices entry"
-        )
-    return DeviceMesh(tuple(devices), (1,), ("tp",))
 
 
 class AttnQuantGemma4Model(Gemma4Model):

@@ -21,7 +21,7 @@ from typing_extensions import Self
 from attnquant.config import AttnQuantConfig
 from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import SUPPORTED_ENCODINGS, model_dtype, read_settings
+from ..common.prepare import SUPPORTED_ENCODINGS, attach_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'
 # ``Gemma4UnifiedTextConfig`` (the google/gemma-4-12B-it line) does not
@@ -126,6 +126,4 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
         fill_unified_text_defaults(huggingface_config.text_config)
         check_supported(huggingface_config)
         config = super().initialize_from_config(pipeline_config, huggingface_config, max_seq_len=max_seq_len)
-        config.attnquant = read_settings()
-        config.dtype = model_dtype(config.dtype)
-        return config
+        return attach_settings(config)

@@ -43,9 +43,9 @@ from .model import (
     AttnQuantGemma4Model,
     logger,
     prepare_language_weights,
-    single_device_mesh,
     use_projections,
 )
+from ..common.prepare import single_device_mesh
 from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"

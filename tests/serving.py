@@ -8,9 +8,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -100,3 +101,41 @@ def start_server(
         time.sleep(2)
     server.stop()
     raise TimeoutError(f"max serve not ready in {STARTUP_TIMEOUT_S}s:\n{server.log()[-4000:]}")
+
+
+def token_logprobs(model: Any, ids: Any, prompt_len: int) -> Any:
+    """float64 log p(token) of each generated token of ``ids`` [1, T] under a transformers ``model``."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(ids).logits[0, prompt_len - 1 : -1]
+    return torch.log_softmax(logits.double(), -1).gather(1, ids[0, prompt_len:, None])[:, 0]
+
+
+def assert_greedy_matches_reference(
+    server: Server, reference: Any, tokenizer: Any, prompts: Sequence[str], *,
+    new_tokens: int, atol: float, plain: Any = None, label: str = "",
+) -> None:
+    """Each prompt's completion from ``server`` is the float32 transformers
+    ``reference``'s greedy text, its token log probabilities within ``atol``;
+    with ``plain`` (the unquantized model), that tolerance is shown to be far
+    below what quantization moves."""
+    import torch
+
+    for prompt in prompts:
+        choice = server.completion(prompt, max_tokens=new_tokens, logprobs=1)["choices"][0]
+        prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            greedy = reference.generate(prompt_ids, max_new_tokens=new_tokens, do_sample=False)
+        new = greedy[0, prompt_ids.shape[1] :]
+        ref_text = tokenizer.decode(new, skip_special_tokens=True)
+        # Same weights, both float32: the greedy paths agree token for token.
+        assert choice["text"] == ref_text, f"{label}: MAX {choice['text']!r} != reference {ref_text!r}"
+        assert len(new) == new_tokens and ref_text.strip(), ref_text  # runs to length, real text
+        ref_logprobs = token_logprobs(reference, greedy, prompt_ids.shape[1])
+        got = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
+        assert torch.allclose(got, ref_logprobs[: len(got)], atol=atol), (got, ref_logprobs)
+        if plain is not None:
+            # Serving the unquantized weights would fail the check above.
+            moved = (token_logprobs(plain, greedy, prompt_ids.shape[1]) - ref_logprobs).abs().max()
+            assert moved > 10 * atol, moved

@@ -30,7 +30,7 @@ from .gemma3_multimodal_fixtures import (
     expected_projection_count,
     write_tiny_gemma3_multimodal,
 )
-from .serving import REPO, Server, start_server
+from .serving import REPO, Server, assert_greedy_matches_reference, start_server
 
 pytestmark = pytest.mark.max
 
@@ -307,13 +307,6 @@ def tokenizer(mm_dir: Path):
     return AutoTokenizer.from_pretrained(mm_dir)
 
 
-def _token_logprobs(model: torch.nn.Module, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
-    """log p(token) of each generated token of ``ids`` [1, T] under ``model``."""
-    with torch.no_grad():
-        logits = model(ids).logits[0, prompt_len - 1 : -1]
-    return torch.log_softmax(logits.double(), -1).gather(1, ids[0, prompt_len:, None])[:, 0]
-
-
 def test_completions_match_host_reference(served, reference, tokenizer, mm_dir: Path) -> None:
     from attnquant.tools.verify import transformers_model
 
@@ -321,24 +314,9 @@ def test_completions_match_host_reference(served, reference, tokenizer, mm_dir: 
     plain = None
     if name != "passthrough":
         plain = transformers_model(mm_dir, {**CONFIGS["passthrough"], "ATTNQUANT_CACHE": "0"})
-    for prompt in PROMPTS:
-        choice = server.completion(prompt, max_tokens=NEW_TOKENS, logprobs=1)["choices"][0]
-        prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            greedy = reference.generate(prompt_ids, max_new_tokens=NEW_TOKENS, do_sample=False)
-        new = greedy[0, prompt_ids.shape[1] :]
-        ref_text = tokenizer.decode(new, skip_special_tokens=True)
-        # Same weights, both float32: the greedy paths agree token for token.
-        assert choice["text"] == ref_text, f"{name}: MAX {choice['text']!r} != reference {ref_text!r}"
-        assert len(new) == NEW_TOKENS and ref_text.strip(), ref_text  # runs to length, real text
-        ref_logprobs = _token_logprobs(reference, greedy, prompt_ids.shape[1])
-        got = torch.tensor(choice["logprobs"]["token_logprobs"], dtype=torch.float64)
-        assert torch.allclose(got, ref_logprobs[: len(got)], atol=ATOL), (got, ref_logprobs)
-        if plain is not None:
-            # The tolerance is far below what quantization moves: serving the
-            # unquantized weights would fail the check above.
-            moved = (_token_logprobs(plain, greedy, prompt_ids.shape[1]) - ref_logprobs).abs().max()
-            assert moved > 10 * ATOL, moved
+    assert_greedy_matches_reference(
+        server, reference, tokenizer, PROMPTS, new_tokens=NEW_TOKENS, atol=ATOL, plain=plain, label=name
+    )
 
 
 def test_chat_endpoint_answers_as_the_reference(served, reference, tokenizer, mm_dir: Path) -> None:

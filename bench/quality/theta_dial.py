@@ -9,7 +9,11 @@ worst per-layer relative reconstruction error (what the load line reports),
 and the bytes of the theta bundle (W0 per band, s, U, V) against the
 checkpoint's projections.
 
-    python bench/quality/theta_dial.py [MODEL_DIR] [--tokens 2048] [--out rows.jsonl]
+    python bench/quality/theta_dial.py [MODEL_DIR] [--tokens 2048] [--out rows.jsonl] [--nvfp4-below 1.0]
+
+``--out`` also resumes: settings already in it are not measured again.
+``--nvfp4-below KL`` skips NVFP4 on top of a theta setting whose KL alone is
+at least KL (a model theta has already destroyed).
 
 MODEL_DIR defaults to the embedded Gemma 3 270M. Prints a markdown table.
 """
@@ -30,7 +34,6 @@ import torch  # noqa: E402
 from attnquant.config import AttnQuantConfig  # noqa: E402
 from attnquant.formats.names import find_projections  # noqa: E402
 from attnquant.formats.theta import build_theta  # noqa: E402
-from attnquant.load import importance  # noqa: E402
 from attnquant.load.checkpoint import load_state_dict  # noqa: E402
 from attnquant.load.precompute import num_layers_of, precompute_outside  # noqa: E402
 from attnquant.load.report import unique_nbytes  # noqa: E402
@@ -54,6 +57,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[0, 16, 64, -1], help="-1: the largest, min(N, K)")
     parser.add_argument("--text", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="one JSON row per setting")
+    parser.add_argument("--nvfp4-below", type=float, default=math.inf,
+                        help="measure NVFP4 on top of theta only where theta alone gives a KL below this")  # fmt: skip
     args = parser.parse_args()
     if args.model_dir is None:
         from attnquant.tools.demo_model import ensure_demo_model
@@ -67,19 +72,26 @@ def main() -> int:
     windows = text_windows(args.model_dir, load_text(args.text), window=args.window, tokens=args.tokens)
     reference = transformers_source(args.model_dir, {})
     ref_cache = [reference(w) for w in windows]
-    rows = []
+    rows = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
+    done = {(r["blocks"], r["rank"], r["quant"]) for r in rows}  # --out resumes an interrupted run
     settings = [(g, r) for g in sorted((g for g in range(1, layers + 1) if layers % g == 0), reverse=True)
                 for r in ([0] if g == layers else [full_rank if r < 0 else r for r in args.ranks])]  # fmt: skip
     print(f"{args.model_dir}: {layers} layers, projections {checkpoint_bytes / 2**20:.1f} MiB; {len(windows)} windows, "
           f"{args.tokens} tokens", flush=True)  # fmt: skip
     for blocks, rank in settings:
+        theta_env = {"ATTNQUANT_BLOCKS": str(blocks), "ATTNQUANT_RANK": str(rank)}
+        errors = None  # theta's reconstruction error: the same with or without NVFP4
         for quant in ("none", "nvfp4"):
+            if (blocks, rank, quant) in done:
+                continue
+            theta_kl = next((r["kl_mean"] for r in rows if (r["blocks"], r["rank"], r["quant"]) == (blocks, rank, "none")), 0.0)
+            if quant == "nvfp4" and theta_kl >= args.nvfp4_below:
+                continue  # theta alone has destroyed the model already
             started = time.monotonic()
-            env = {"ATTNQUANT_BLOCKS": str(blocks), "ATTNQUANT_RANK": str(rank), "ATTNQUANT_QUANT": quant}
-            config = AttnQuantConfig.from_env(env)
-            # The weighted scale search's importances, as a served Gemma 3 load computes them.
-            importances = importance.for_quantization(state, keys, config, importance.GEMMA3)
-            errors = precompute_outside(state, config, keys=keys, importance=importances, progress=False).layer_errors
+            env = {**theta_env, "ATTNQUANT_QUANT": quant}
+            if errors is None:
+                theta_only = AttnQuantConfig.from_env({**theta_env, "ATTNQUANT_QUANT": "none"})
+                errors = precompute_outside(state, theta_only, keys=keys, progress=False).layer_errors
             candidate = transformers_source(args.model_dir, env)
             cached = iter(ref_cache)
             report = compare(lambda window: next(cached), candidate, windows)

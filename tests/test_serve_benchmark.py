@@ -103,3 +103,25 @@ def test_modelopt_cell_serves_the_export_with_no_attnquant_setting() -> None:
     assert harness.served_model(cell, _args(export=Path("/m/export"))) == Path("/m/export")
     assert harness.VARIANTS[cell.variant][1] == {}
     assert harness.speculative_args(cell, _args()) == []
+
+
+def test_image_request_sends_a_decodable_png_and_reports_maxs_answer(monkeypatch) -> None:
+    import base64
+    import io
+    import json
+
+    from PIL import Image
+
+    harness = bench_module("serve_benchmark")
+    assert Image.open(io.BytesIO(harness.solid_png((200, 30, 30), 8))).convert("RGB").getpixel((3, 5)) == (200, 30, 30)
+    sent = []
+
+    def urlopen(request, timeout):
+        sent.append(json.loads(request.data))
+        return io.BytesIO(json.dumps({"choices": [{"message": {"content": "red"}}]}).encode())
+
+    monkeypatch.setattr(harness.urllib.request, "urlopen", urlopen)
+    assert harness.image_chat(1, Path("/m/mm")) == "HTTP 200: 'red'"
+    image, text = sent[0]["messages"][0]["content"]
+    png = base64.b64decode(image["image_url"]["url"].removeprefix("data:image/png;base64,"))
+    assert Image.open(io.BytesIO(png)).size == (64, 64) and text["type"] == "text"

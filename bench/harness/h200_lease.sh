@@ -28,7 +28,8 @@
 #   7. after the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
 #      random weights cut to G27_LAYERS layers for the disk): ours serving its own
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
-#      ours NVFP4 + capture and MAX's built-in bf16, c=1 and c=8; PHASES with
+#      ours NVFP4 + capture and MAX's built-in bf16, c=1 and c=8, one image request
+#      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
 # Override: PHASES (default "invariance padding verify quantize mtp big"; "kernels" adds 1.),
 # WAIT_S (540), TRIALS (2), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
@@ -87,7 +88,7 @@ big_checkpoints() {  # while the first servers compile
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
   # The ModelOpt export first: it starts alone, so it serves even if the lease ends early.
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 \
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --image \
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" \
     --cells "attnquant-modelopt:on${MM}=30" "attnquant-nvfp4:on${MM}=28" "builtin-bf16:off${MM}=27" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1

@@ -14,6 +14,9 @@ each cell's greedy 48-token completion with the first cell's and with its
 capture twin's (the same cell with capture flipped; its arena size may
 differ), when that cell is run.
 
+``--image`` also sends each cell one chat request with an image (a text +
+vision model's vision tower runs) and prints MAX's answer or its refusal.
+
 ``--gpu-lock FILE`` lets several harnesses share one GPU: each holds an
 exclusive lock on FILE while it measures a cell, so measurements never overlap
 (servers of the other harness may still be compiling or loading meanwhile).
@@ -43,6 +46,7 @@ Variants:
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import fcntl
 import json
@@ -50,10 +54,13 @@ import os
 import re
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,6 +200,33 @@ def greedy_completion(port: int, model: Path, prompt: str, tokens: int) -> Greed
     return Greedy(choice["text"], choice.get("token_ids") or [], choice.get("finish_reason"))
 
 
+def solid_png(rgb: tuple[int, int, int], size: int = 64) -> bytes:
+    """A ``size`` x ``size`` PNG of one colour (the standard library only)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\0" + bytes(rgb) * size for _ in range(size))  # filter 0 per row
+    header = struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def image_chat(port: int, model: Path, tokens: int = 16) -> str:
+    """One chat request with an image (a text + vision model's vision tower
+    runs): "HTTP 200: <text>" or "HTTP <code>: <MAX's reason>"."""
+    image = "data:image/png;base64," + base64.b64encode(solid_png((200, 30, 30))).decode()
+    content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What colour is this?"}]
+    body = {"model": str(model), "messages": [{"role": "user", "content": content}],
+            "max_tokens": tokens, "temperature": 0.0}  # fmt: skip
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    try:
+        reply = json.loads(urllib.request.urlopen(request, timeout=300).read())
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code}: {error.read().decode(errors='replace')[:300]}"
+    return f"HTTP 200: {reply['choices'][0]['message']['content']!r}"
+
+
 def stop(server: subprocess.Popen) -> None:
     if server.poll() is None:
         os.killpg(server.pid, signal.SIGINT)
@@ -250,6 +284,8 @@ def run_session(
             texts.setdefault(cell.spec, []).append(greedy.text)
             if greedy.note():
                 print(f"greedy {cell.spec} session {session}: {greedy.note()}", flush=True)
+            if args.image:
+                print(f"image {cell.spec} session {session}: {image_chat(port, served_model(cell, args))}", flush=True)
             started.add(cell.spec)
         # Before the trials, not at the end: a run the lease cuts short still
         # says whether capture changed the output.
@@ -362,6 +398,7 @@ def main() -> None:
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     parser.add_argument("--export", type=Path, help=f"the NVFP4 checkpoint {EXPORTED} cells serve (attnquant quantize)")
+    parser.add_argument("--image", action="store_true", help="also send each cell one chat request with an image")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
     args.out.parent.mkdir(parents=True, exist_ok=True)  # the servers' logs go there too

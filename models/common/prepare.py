@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from max.driver import Device
 from max.dtype import DType
@@ -20,6 +20,7 @@ from attnquant.load import pipeline
 from attnquant.load.head import OutputHead
 from attnquant.load.importance import ResidualStream
 from attnquant.max_compat import weight_files
+from attnquant.plan import ProjectionPlan
 
 
 SUPPORTED_ENCODINGS: frozenset[SupportedEncoding] = frozenset({"bfloat16", "float32", "float4_e2m1fnx2"})
@@ -28,6 +29,19 @@ SUPPORTED_ENCODINGS: frozenset[SupportedEncoding] = frozenset({"bfloat16", "floa
 ``--quantization-encoding float32``) and ``float4_e2m1fnx2``, the encoding MAX
 gives a ModelOpt NVFP4 checkpoint on a GPU (its NVFP4 projections served as
 stored, the rest in bf16; see ``model_dtype``)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class AttnQuantFields:
+    """What every attnquant architecture's config adds to MAX's: list it
+    first among the bases, so its encodings win over MAX's."""
+
+    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
+
+    attnquant: AttnQuantConfig = dataclasses.field(default_factory=AttnQuantConfig)
+    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
+    projection_plan: ProjectionPlan = dataclasses.field(default_factory=dict)
+    """Per projection group of the language model, its run-time parts (see attnquant.plan)."""
 
 
 def read_settings() -> AttnQuantConfig:

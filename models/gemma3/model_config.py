@@ -7,26 +7,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from max.pipelines.architectures.gemma3_modulev3.model_config import Gemma3Config
 from max.pipelines.architectures.gemma3multimodal_modulev3.model_config import (
     Gemma3ForConditionalGenerationConfig,
 )
 from max.pipelines.lib import PipelineConfig
-from max.pipelines.modeling.config_enums import SupportedEncoding
 from typing_extensions import Self
 
-from attnquant.config import AttnQuantConfig
 from attnquant.max_compat import DevicesFromMesh
-from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import SUPPORTED_ENCODINGS, attach_settings, model_dtype
+from ..common.prepare import AttnQuantFields, attach_settings, model_dtype
 
 
 @dataclass(kw_only=True)
-class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
+class AttnQuantGemma3Config(AttnQuantFields, DevicesFromMesh, Gemma3Config):
     """MAX's ModuleV3 Gemma 3 config that also runs in float32.
 
     MAX refuses bfloat16 on CPU, so CPU runs use ``--quantization-encoding
@@ -37,13 +34,6 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
     everything else in bf16.
     """
 
-    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
-
-    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
-    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
-    projection_plan: ProjectionPlan = field(default_factory=dict)
-    """Per projection group, its run-time parts (see attnquant.plan)."""
-
     @classmethod
     def initialize_from_config(
         cls, pipeline_config: PipelineConfig, huggingface_config: Any, *, max_seq_len: int
@@ -53,7 +43,7 @@ class AttnQuantGemma3Config(DevicesFromMesh, Gemma3Config):
 
 
 @dataclass(kw_only=True)
-class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
+class AttnQuantGemma3MultiModalConfig(AttnQuantFields, Gemma3ForConditionalGenerationConfig):
     """MAX's ModuleV3 Gemma 3 text + vision config that also runs in float32.
 
     float32 is for CPU (``run_max.py`` passes ``--quantization-encoding
@@ -63,13 +53,6 @@ class AttnQuantGemma3MultiModalConfig(Gemma3ForConditionalGenerationConfig):
     tower is bf16. MAX's config already has the ``devices`` its memory
     planner needs.
     """
-
-    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
-
-    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
-    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
-    projection_plan: ProjectionPlan = field(default_factory=dict)
-    """Per projection group of the language model, its run-time parts (see attnquant.plan)."""
 
     @classmethod
     def initialize_from_config(

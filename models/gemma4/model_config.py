@@ -7,21 +7,18 @@ there, so an unsupported checkpoint fails in seconds, not after a compile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from max.pipelines.architectures.gemma4.model_config import (
     Gemma4ForConditionalGenerationConfig,
 )
 from max.pipelines.lib import PipelineConfig
-from max.pipelines.modeling.config_enums import SupportedEncoding
 from transformers import AutoConfig
 from typing_extensions import Self
 
-from attnquant.config import AttnQuantConfig
-from attnquant.plan import ProjectionPlan
 
-from ..common.prepare import SUPPORTED_ENCODINGS, attach_settings
+from ..common.prepare import AttnQuantFields, attach_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'
 # ``Gemma4UnifiedTextConfig`` (the google/gemma-4-12B-it line) does not
@@ -99,7 +96,7 @@ def check_supported(huggingface_config: Any) -> None:
 
 
 @dataclass(kw_only=True)
-class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
+class AttnQuantGemma4Config(AttnQuantFields, Gemma4ForConditionalGenerationConfig):
     """MAX's Gemma 4 config that also runs in float32 and refuses what we cannot serve.
 
     MAX refuses bfloat16 on CPU, so CPU runs use ``--quantization-encoding
@@ -107,13 +104,6 @@ class AttnQuantGemma4Config(Gemma4ForConditionalGenerationConfig):
     MAX gives a checkpoint stored as ModelOpt NVFP4: its NVFP4 projections are
     served as stored, everything else in bf16.
     """
-
-    SUPPORTED_ENCODINGS: ClassVar[frozenset[SupportedEncoding]] = SUPPORTED_ENCODINGS
-
-    attnquant: AttnQuantConfig = field(default_factory=AttnQuantConfig)
-    """The ATTNQUANT_* settings of this load (read once, in ``initialize_from_config``)."""
-    projection_plan: ProjectionPlan = field(default_factory=dict)
-    """Per projection group, its run-time parts (see attnquant.plan)."""
 
     @classmethod
     def initialize_from_config(

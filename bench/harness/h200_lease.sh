@@ -32,7 +32,7 @@
 #      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
 # Override: PHASES (default "invariance padding verify quantize mtp big"; "kernels" adds 1.),
-# WAIT_S (540), TRIALS (2), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
+# WAIT_S (540), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena (% of the memory free when it starts) is set per cell; MM_PERCENT (5) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
 # call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
@@ -111,9 +111,9 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
   fi
   ( if wants invariance; then
       say "invariance"
-      # MAX's built-in on the real 270M only: on random weights its failure is known.
+      # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
       invariance 1b "$WORK/g3-1b" 8300 8 attnquant-bf16:on attnquant-nvfp4:on &
-      invariance 270m "$WORK/g3-270m" 8310 5 builtin-bf16:off attnquant-bf16:on attnquant-nvfp4:on &
+      invariance 270m "$WORK/g3-270m" 8310 5 ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
       wait
     fi
     say "invariance done"
@@ -132,7 +132,7 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
       say "big"; big; say "big done"
     fi ) &
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds
-    ( timeout 900 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
+    ( timeout 1500 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
   fi
   if wants quantize; then

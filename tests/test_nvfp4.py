@@ -127,13 +127,13 @@ def test_tabulated_encoder_agrees_with_direct_on_every_16bit_input(dtype: torch.
     codes = torch.tensor([0, 1, 7, 8, 50, 100, 125, 126], dtype=torch.uint8)
     table = nvfp4._TabulatedEncoder(dtype, global_decode, codes)
     direct = nvfp4._DirectEncoder(global_decode)
+    window = nvfp4._SEARCH_WINDOWS[ScalePolicy.WEIGHTED]
+    table_errors = nvfp4._TabulatedErrors(dtype, global_decode, (0, 126), window)
+    direct_errors = nvfp4._DirectErrors(global_decode, window)
     for code in codes:
         scale_codes = torch.full(values.shape[:2], int(code), dtype=torch.uint8)
         assert torch.equal(table.codes(values, scale_codes), direct.codes(values, scale_codes))
-        assert torch.equal(
-            table.element_errors(table.search_view(values), scale_codes),
-            direct.element_errors(direct.search_view(values), scale_codes),
-        )
+        assert torch.equal(table_errors.errors(values, scale_codes), direct_errors.errors(values, scale_codes))
 
 
 @settings(max_examples=60, deadline=None)
@@ -516,3 +516,152 @@ def test_scales_do_not_depend_on_how_a_device_divides_by_a_constant(policy: Scal
         as_cuda = nvfp4.quantize(weight, scale_policy=policy, **extra)
     assert torch.equal(plain.block_scale_bits(), as_cuda.block_scale_bits())
     assert torch.equal(plain.packed, as_cuda.packed) and torch.equal(plain.global_scale, as_cuda.global_scale)
+
+
+E2M1_MAGNITUDES = np.array(nvfp4.E2M1_VALUES[:8], dtype=np.float32)
+
+
+def e2m1_index(y: np.ndarray) -> np.ndarray:
+    """Index of the E2M1 magnitude nearest to each float32 y >= 0, ties to the
+    even index (the reference's rounding); past 6, saturated to 6."""
+    distance = np.abs(np.minimum(y, 6).astype(np.float64)[..., None] - E2M1_MAGNITUDES)
+    nearest = distance == distance.min(-1, keepdims=True)
+    even_nearest = nearest & (np.arange(8) % 2 == 0)
+    return np.where(even_nearest.any(-1), even_nearest.argmax(-1), nearest.argmax(-1))
+
+
+def e4m3_encode_scales(codes: np.ndarray, global_decode: np.float32) -> np.ndarray:
+    """float32 [..., 1]: 1 / (block scale * global), saturated at FLT_MAX."""
+    with np.errstate(divide="ignore", over="ignore"):
+        encode = np.float32(1) / (E4M3_VALUES[codes] * global_decode)
+    return np.minimum(encode, np.finfo(np.float32).max)[..., None]
+
+
+E4M3_VALUES = nvfp4.e4m3_decode_table().numpy()
+
+
+def block_error_sums(
+    weight: torch.Tensor, codes: np.ndarray, global_decode: np.float32, importance: torch.Tensor | None
+) -> np.ndarray:
+    """float32 [N, K/16]: each block's squared errors under its E4M3 code,
+    times the importance, added in quantize's fixed tree (j + j+8, then
+    j + j+4, ...). Each element decodes as the reference does:
+    ``(e2m1 * block_scale) * global``."""
+    n, k = weight.shape
+    magnitude = np.abs(weight.float().numpy().reshape(n, k // 16, 16))
+    weights = np.ones(k, np.float32) if importance is None else importance.float().numpy()
+    y = magnitude * e4m3_encode_scales(codes, global_decode)
+    decoded = E2M1_MAGNITUDES[e2m1_index(y)] * E4M3_VALUES[codes][..., None] * global_decode
+    with np.errstate(over="ignore", invalid="ignore"):
+        errors = np.square(magnitude - decoded) * weights.reshape(k // 16, 16)
+        half = 8
+        while half:
+            errors = errors[..., :half] + errors[..., half : 2 * half]
+            half //= 2
+    return errors[..., 0]
+
+
+def reference_search(
+    weight: torch.Tensor, policy: ScalePolicy, importance: torch.Tensor | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(packed, scale bits) of a scale search, stated plainly in float32 numpy.
+
+    Per block, each candidate E4M3 code (RTN's and its window, clamped to the
+    finite codes) gets :func:`block_error_sums`. RTN is tried first, then the
+    others from the lowest code up, and a candidate replaces the best only
+    when its sum is strictly smaller.
+    """
+    rtn = nvfp4.quantize(weight)  # RTN scales and the global scale: MAX's, as tested above
+    global_decode = np.float32(rtn.global_scale.item())
+    rtn_codes = rtn.block_scale_bits().numpy().astype(np.int64)
+    best_codes = rtn_codes
+    best_errors = block_error_sums(weight, rtn_codes, global_decode, importance)
+    for offset in sorted(o for o in nvfp4._SEARCH_WINDOWS[policy] if o):
+        codes = np.clip(rtn_codes + offset, 0, 0x7E)
+        errors = block_error_sums(weight, codes, global_decode, importance)
+        with np.errstate(invalid="ignore"):
+            better = errors < best_errors
+        best_codes = np.where(better, codes, best_codes)
+        best_errors = np.where(better, errors, best_errors)
+
+    n, k = weight.shape
+    w = weight.float().numpy().reshape(n, k // 16, 16)
+    with np.errstate(over="ignore"):
+        scaled = w * e4m3_encode_scales(best_codes, global_decode)
+    element_codes = e2m1_index(np.abs(scaled)) | np.where(scaled < 0, 8, 0)
+    element_codes = element_codes.reshape(n, k).astype(np.uint8)
+    packed = element_codes[:, 0::2] | (element_codes[:, 1::2] << 4)
+    return packed, best_codes.astype(np.uint8)
+
+
+def search_case(kind: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A weight, and an importance or None, for the search reference test."""
+    if kind == "nan-rtn":
+        # Errors near sqrt(FLT_MAX) in columns of zero importance: inf * 0
+        # makes some RTN sums NaN while a neighbouring scale's sum is finite.
+        weight = gaussian(64, 256, 1e20, seed=7).to(dtype)
+        importance = torch.rand(256, generator=torch.Generator().manual_seed(1))
+        importance[::3] = 0
+        return weight, importance
+    base, weighting = kind.split("/")
+    weight = outlier_weights(32, 8, dtype, 1.0 if base == "subnormal" else 0.02, 3, base)
+    generator = torch.Generator().manual_seed(4)
+    importance = None
+    if weighting == "random":
+        importance = torch.rand(128, generator=generator).pow(3)
+    elif weighting == "zeros":
+        importance = torch.rand(128, generator=generator) * 1e3
+        importance[::5] = 0
+    return weight, importance
+
+
+SEARCH_CASES = [
+    f"{base}/{weighting}"
+    for base in ("gaussian", "heavy", "outlier", "zero-blocks", "subnormal")
+    for weighting in ("none", "random", "zeros")
+] + ["nan-rtn"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", SEARCH_CASES)
+def test_weighted_search_matches_a_plain_reference(kind: str, dtype: torch.dtype, encoder: str) -> None:
+    """The same bits as :func:`reference_search`: the fast search may reorder
+    nothing that changes a float32 sum or a tie."""
+    if kind == "nan-rtn" and dtype == torch.float16:
+        pytest.skip("float16 cannot hold weights whose squared error overflows")
+    weight, importance = search_case(kind, dtype)
+    q = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance)
+    packed, scale_bits = reference_search(weight, ScalePolicy.WEIGHTED, importance)
+    np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits, err_msg="scale bits differ")
+    np.testing.assert_array_equal(q.packed.numpy(), packed, err_msg="packed codes differ")
+    if kind.split("/")[0] in ("gaussian", "heavy", "outlier"):  # the search did choose other scales
+        assert not torch.equal(q.block_scale_bits(), nvfp4.quantize(weight).block_scale_bits())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["gaussian/none", "heavy/none", "outlier/none", "zero-blocks/none"])
+def test_mse_search_matches_a_plain_reference(kind: str, dtype: torch.dtype, encoder: str) -> None:
+    weight, _ = search_case(kind, dtype)
+    q = nvfp4.quantize(weight, scale_policy=ScalePolicy.MSE)
+    packed, scale_bits = reference_search(weight, ScalePolicy.MSE, None)
+    np.testing.assert_array_equal(q.block_scale_bits().numpy(), scale_bits, err_msg="scale bits differ")
+    np.testing.assert_array_equal(q.packed.numpy(), packed, err_msg="packed codes differ")
+
+
+def test_the_nan_rtn_case_exercises_the_rule() -> None:
+    """In the "nan-rtn" case some blocks have a NaN RTN sum beside a finite
+    one: a minimum over the finite sums would pick a finite one there, the
+    sequential rule must keep RTN."""
+    weight, importance = search_case("nan-rtn", torch.float32)
+    rtn = nvfp4.quantize(weight)
+    global_decode = np.float32(rtn.global_scale.item())
+    rtn_codes = rtn.block_scale_bits().numpy().astype(np.int64)
+    rtn_sums = block_error_sums(weight, rtn_codes, global_decode, importance)
+    other_sums = [
+        block_error_sums(weight, np.clip(rtn_codes + offset, 0, 0x7E), global_decode, importance)
+        for offset in nvfp4._SEARCH_WINDOWS[ScalePolicy.WEIGHTED] if offset
+    ]
+    beatable = np.isnan(rtn_sums) & np.isfinite(other_sums).any(0)
+    assert beatable.sum() > 10
+    searched = nvfp4.quantize(weight, scale_policy=ScalePolicy.WEIGHTED, importance=importance)
+    assert (searched.block_scale_bits().numpy() == rtn_codes)[beatable].all()

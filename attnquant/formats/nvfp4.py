@@ -57,6 +57,9 @@ _TABLE_PAYOFF = 2  # tabulate when the tensor has >= 2x the table's elements
 # every chunk costs a dozen kernel launches and a sync, so they are larger.
 _CPU_CHUNK_ELEMENTS = 1 << 22
 _ACCELERATOR_CHUNK_ELEMENTS = 1 << 24
+# The scale search holds a float32 error per element and candidate; on a CPU
+# its chunks are bounded to this many errors so that they stay in cache.
+_CPU_SEARCH_ERRORS = 1 << 21
 
 # The byte-pair packing trick in _pack_pairs reads two uint8 codes as one
 # int16, which is only the (low, high) pair on little-endian hosts.
@@ -81,11 +84,14 @@ class ScalePolicy(enum.Enum):
     one). RTN wins ties."""
 
 
-# E4M3 codes tried beside RTN's, in this order. With 3 mantissa bits one code
-# is a factor of about 1.07-1.14: MSE's span [0.78, 1.125] x the RTN scale;
-# WEIGHTED's [0.84, 1.69] x, which reaches the blocks whose largest element
-# is better clipped (scale-to-4 rather than scale-to-6).
-_SEARCH_OFFSETS = {ScalePolicy.MSE: (-3, -2, -1, 1), ScalePolicy.WEIGHTED: (-2, -1, 1, 2, 3, 4, 5, 6)}
+# E4M3 codes tried, as offsets from RTN's: consecutive codes, so that a table
+# holds a block's candidates side by side (_TabulatedErrors). RTN is tried
+# first, then the others from the lowest up (_least_error_codes). With 3
+# mantissa bits one code is a factor of about 1.07-1.14: MSE's span
+# [0.78, 1.125] x the RTN scale; WEIGHTED's [0.84, 1.69] x, which reaches the
+# blocks whose largest element is better clipped (scale-to-4 rather than
+# scale-to-6).
+_SEARCH_WINDOWS = {ScalePolicy.MSE: range(-3, 2), ScalePolicy.WEIGHTED: range(-2, 7)}
 
 
 @dataclass(frozen=True)
@@ -258,35 +264,6 @@ def _decode_blocks(
     return e2m1_values * block_scales * global_decode
 
 
-_E2M1_STEP_MAGIC = (22 << 23)  # adds 22 to a float32 exponent
-
-
-def _magnitude_errors(
-    magnitudes: torch.Tensor, scale_codes: torch.Tensor, global_decode: torch.Tensor, scratch: _Scratch
-) -> torch.Tensor:
-    """float32 [16, R, B] (a scratch buffer): (|w| - decoded |w|)^2 of
-    element-major magnitudes [16, R, B] under the [R, B] scale codes.
-
-    The decoded value is the reference's: ``(e2m1 * block_scale) * global``,
-    with the element rounded to the nearest E2M1 magnitude by one float32
-    addition: adding ``2**22`` times the binade of clamp(y, 1, 4) makes the FPU
-    round y to E2M1's step there (0.5 below 2, 1 up to 4, 2 above); ties round
-    either way at the same error. Every step is one correctly rounded float32
-    operation, so every device computes the same bits.
-    """
-    block_scale = _block_decode_scales(scale_codes)
-    encode = torch.reciprocal(block_scale * global_decode).clamp_(max=FLOAT32_MAX)
-    y = scratch.get("search_y", tuple(magnitudes.shape), torch.float32)
-    torch.mul(magnitudes, encode, out=y)
-    magic = scratch.get("search_magic", tuple(magnitudes.shape), torch.float32)
-    torch.clamp(y, 1.0, 4.0, out=magic)
-    magic.view(torch.int32).bitwise_and_(0x7F800000).add_(_E2M1_STEP_MAGIC)
-    y.add_(magic).sub_(magic).clamp_(max=E2M1_MAX)
-    y.mul_(block_scale).mul_(global_decode)
-    torch.sub(magnitudes, y, out=y)
-    return y.mul_(y)
-
-
 # ---------------------------------------------------------------------------
 # Element encoders: the same map computed directly or by table lookup.
 # ---------------------------------------------------------------------------
@@ -319,17 +296,6 @@ class _ElementEncoder(Protocol):
         """uint8 [R, B, 16] E2M1 codes (may be a scratch buffer: use at once)."""
         ...
 
-    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
-        """What :meth:`element_errors` reads for these blocks, made once per
-        chunk of a scale search (its candidates all read it)."""
-        ...
-
-    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        """float32 [16, R, B] (element-major: the block sums then add
-        contiguous rows): each element's squared reconstruction error under
-        the [R, B] scale codes (a scratch buffer: use at once)."""
-        ...
-
 
 class _DirectEncoder:
     """Computes every element with float32 arithmetic (any float input)."""
@@ -337,7 +303,6 @@ class _DirectEncoder:
     def __init__(self, global_decode: torch.Tensor) -> None:
         self.global_decode = global_decode
         self._e2m1 = torch.tensor(E2M1_VALUES, device=global_decode.device)
-        self._scratch = _Scratch(global_decode.device)
 
     def codes(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
         encode = _block_encode_scales(scale_codes, self.global_decode)
@@ -351,16 +316,9 @@ class _DirectEncoder:
         # an independent float64 check of the dequantized tensor.
         return (blocks.double() - decoded.double()).square()
 
-    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
-        """|w| in float32, element-major [16, R, B]."""
-        return blocks.float().abs().permute(2, 0, 1).contiguous()
-
-    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        return _magnitude_errors(view, scale_codes, self.global_decode, self._scratch)
-
 
 class _TabulatedEncoder:
-    """Looks codes (and errors) up in per-scale-code tables of all 2**16 inputs.
+    """Looks codes up in per-scale-code tables of all 2**16 inputs.
 
     Only for 16-bit inputs. The tables are filled by :class:`_DirectEncoder`
     over every bit pattern, so the two encoders agree by construction.
@@ -384,7 +342,6 @@ class _TabulatedEncoder:
         self._offset_of_code = torch.full((256,), -1, dtype=torch.int32, device=device)
         self._offset_of_code[self._scale_codes.long()] = rows * self.COLUMNS + self._COLUMN_BIAS
         self._code_table = self._tabulate(self._direct.codes)
-        self._error_table: torch.Tensor | None = None
         self._scratch = _Scratch(device)
 
     def _tabulate(
@@ -411,29 +368,6 @@ class _TabulatedEncoder:
         )
         return out
 
-    def _direct_errors(self, blocks: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        """[..., B, 16] errors in block layout, computed as the direct encoder does."""
-        flat = blocks.reshape(-1, blocks.shape[-2], BLOCK_SIZE)
-        codes = scale_codes.reshape(-1, scale_codes.shape[-1])
-        errors = self._direct.element_errors(self._direct.search_view(flat), codes)
-        return errors.permute(1, 2, 0).reshape(blocks.shape)
-
-    def search_view(self, blocks: torch.Tensor) -> torch.Tensor:
-        """The blocks' bits as int32, element-major [16, R, B] (each candidate
-        adds its table offset)."""
-        return blocks.view(torch.int16).permute(2, 0, 1).to(torch.int32).contiguous()
-
-    def element_errors(self, view: torch.Tensor, scale_codes: torch.Tensor) -> torch.Tensor:
-        if self._error_table is None:
-            self._error_table = self._tabulate(self._direct_errors)
-        offsets = self._offset_of_code.index_select(0, scale_codes.reshape(-1).int())
-        assert bool((offsets >= 0).all()), "scale code missing from the table"
-        indices = self._scratch.get("search_indices", tuple(view.shape), torch.int32)
-        torch.add(view, offsets.view(1, *scale_codes.shape), out=indices)
-        errors = self._scratch.get("errors", tuple(view.shape), torch.float32)
-        torch.index_select(self._error_table, 0, indices.view(-1), out=errors.view(-1))
-        return errors
-
 
 def _encoder_for(
     weight: torch.Tensor, global_decode: torch.Tensor, scale_codes: list[torch.Tensor]
@@ -450,6 +384,236 @@ def _encoder_for(
     if weight.numel() < _TABLE_PAYOFF * len(used) * _TabulatedEncoder.COLUMNS:
         return _DirectEncoder(global_decode)
     return _TabulatedEncoder(weight.dtype, global_decode, used)
+
+
+# ---------------------------------------------------------------------------
+# Scale search: each block's candidate codes, their errors and the choice.
+# ---------------------------------------------------------------------------
+
+_E2M1_STEP_MAGIC = (22 << 23)  # adds 22 to a float32 exponent
+
+
+def _magnitude_errors(
+    magnitudes: torch.Tensor,
+    scale_codes: torch.Tensor,
+    global_decode: torch.Tensor,
+    out: torch.Tensor,
+    magic: torch.Tensor,
+) -> torch.Tensor:
+    """``out``: (|w| - decoded |w|)^2 of float32 magnitudes under uint8 scale
+    codes, the two broadcast to ``out``'s shape (``magic``: a scratch of it).
+
+    The decoded value is the reference's: ``(e2m1 * block_scale) * global``,
+    with the element rounded to the nearest E2M1 magnitude by one float32
+    addition: adding ``2**22`` times the binade of clamp(y, 1, 4) makes the FPU
+    round y to E2M1's step there (0.5 below 2, 1 up to 4, 2 above); ties round
+    either way at the same error. Every step is one correctly rounded float32
+    operation, so every device computes the same bits.
+    """
+    block_scale = _block_decode_scales(scale_codes)
+    encode = torch.reciprocal(block_scale * global_decode).clamp_(max=FLOAT32_MAX)
+    y = torch.mul(magnitudes, encode, out=out)
+    torch.clamp(y, 1.0, 4.0, out=magic)
+    magic.view(torch.int32).bitwise_and_(0x7F800000).add_(_E2M1_STEP_MAGIC)
+    y.add_(magic).sub_(magic).clamp_(max=E2M1_MAX)
+    y.mul_(block_scale).mul_(global_decode)
+    torch.sub(magnitudes, y, out=y)
+    return y.mul_(y)
+
+
+def _window_codes(rtn_codes: torch.Tensor, window: range) -> Iterator[torch.Tensor]:
+    """The E4M3 codes ``window`` away from each RTN code, kept inside the finite codes."""
+    widened = rtn_codes.to(torch.int16)
+    for offset in window:
+        yield (widened + offset).clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8)
+
+
+class _CandidateErrors(Protocol):
+    """Each element's squared error under every candidate scale of its block."""
+
+    window: range
+
+    def errors(self, blocks: torch.Tensor, rtn_codes: torch.Tensor) -> torch.Tensor:
+        """float32 [16, R, B, C] (element-major: the block sums then add
+        contiguous rows) for [R, B, 16] blocks: element j of block (r, b)
+        under code ``rtn_codes[r, b] + window[c]``, clamped to the finite
+        codes (a scratch buffer: use at once)."""
+        ...
+
+
+class _DirectErrors:
+    """Computes every candidate's errors with float32 arithmetic (any float input)."""
+
+    def __init__(self, global_decode: torch.Tensor, window: range) -> None:
+        self.global_decode = global_decode
+        self.window = window
+        self._scratch = _Scratch(global_decode.device)
+
+    def errors(self, blocks: torch.Tensor, rtn_codes: torch.Tensor) -> torch.Tensor:
+        magnitudes = blocks.float().abs().permute(2, 0, 1).contiguous()
+        shape = tuple(magnitudes.shape)
+        # Candidate-major, so that each candidate writes one contiguous slice.
+        out = self._scratch.get("errors", (len(self.window), *shape), torch.float32)
+        magic = self._scratch.get("magic", shape, torch.float32)
+        for index, codes in enumerate(_window_codes(rtn_codes, self.window)):
+            _magnitude_errors(magnitudes, codes, self.global_decode, out[index], magic)
+        return out.permute(1, 2, 3, 0)
+
+
+class _TabulatedErrors:
+    """Looks each element's errors under all its block's candidates up at once.
+
+    Only for 16-bit inputs. An element's error depends only on its magnitude
+    (15 bits) and the scale code, so a float32 table [32768, codes] filled by
+    :func:`_magnitude_errors` (the direct arithmetic) holds every error the
+    search can need. Its columns are consecutive codes, so the candidates of a
+    block, a window of consecutive codes, sit side by side in a row: one
+    gather of ``len(window)`` adjacent floats per element replaces a gather
+    and an index computation per candidate.
+    """
+
+    MAGNITUDES = 1 << 15
+
+    def __init__(
+        self, dtype: torch.dtype, global_decode: torch.Tensor, rtn_range: tuple[int, int], window: range
+    ) -> None:
+        assert dtype in _TABLE_DTYPES
+        device = global_decode.device
+        self.window = window
+        self._first_rtn, last_rtn = rtn_range
+        # Column i is code first_rtn + window.start + i, clamped to the finite
+        # codes as the candidates are (so a clamped window still reads its own).
+        columns = torch.arange(self._first_rtn + window.start, last_rtn + window.stop, device=device)
+        self._columns = len(columns)
+        codes = columns.clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8).view(1, -1)
+        bits = torch.arange(self.MAGNITUDES, dtype=torch.int32, device=device).to(torch.int16)
+        magnitudes = bits.view(dtype).float().view(-1, 1)
+        table = torch.empty(self.MAGNITUDES, self._columns, device=device)
+        _magnitude_errors(magnitudes, codes, global_decode, table, torch.empty_like(table))
+        # Row i of this overlapping view is the window that starts at flat
+        # entry i: magnitude i // columns, RTN code first_rtn + i % columns.
+        self._windows = table.view(-1).unfold(0, len(window), 1)
+        self._scratch = _Scratch(device)
+
+    def errors(self, blocks: torch.Tensor, rtn_codes: torch.Tensor) -> torch.Tensor:
+        """As :meth:`_CandidateErrors.errors`; ``rtn_codes`` inside the
+        ``rtn_range`` the table was made for (another code would silently read
+        another code's errors)."""
+        window_starts = rtn_codes.to(torch.int32).sub_(self._first_rtn)
+        bits = blocks.view(torch.int16).permute(2, 0, 1)
+        rows = self._scratch.get("rows", tuple(bits.shape), torch.int32)
+        torch.bitwise_and(bits, 0x7FFF, out=rows)  # the magnitude's bits
+        rows.mul_(self._columns).add_(window_starts)
+        out = self._scratch.get("errors", (*bits.shape, len(self.window)), torch.float32)
+        torch.index_select(self._windows, 0, rows.view(-1), out=out.view(-1, len(self.window)))
+        return out
+
+
+def _candidate_errors_for(
+    weight: torch.Tensor, global_decode: torch.Tensor, rtn_codes: torch.Tensor, window: range
+) -> _CandidateErrors:
+    """The fastest exact error source for this weight's scale search.
+
+    The table pays off once the search would compute a few times more errors
+    directly (elements x candidates) than the table holds.
+    """
+    if weight.dtype not in _TABLE_DTYPES:
+        return _DirectErrors(global_decode, window)
+    rtn_range = int(rtn_codes.min()), int(rtn_codes.max())
+    table_size = _TabulatedErrors.MAGNITUDES * (rtn_range[1] - rtn_range[0] + len(window))
+    if weight.numel() * len(window) < _TABLE_PAYOFF * table_size:
+        return _DirectErrors(global_decode, window)
+    return _TabulatedErrors(weight.dtype, global_decode, rtn_range, window)
+
+
+def _block_sums(errors: torch.Tensor, importance: torch.Tensor | None) -> torch.Tensor:
+    """float32 [R, B, C] (a view into ``errors``) from [16, R, B, C] element
+    errors (overwritten), weighted by ``importance`` ([16, 1, B, 1] float32)
+    when given.
+
+    A fixed tree of elementwise adds rather than ``sum``: a reduction's order
+    may differ between devices and thread counts, and with it the rounding, and
+    so which of two near-equal candidates wins. Every step here is one
+    correctly rounded IEEE operation on the same operands everywhere, so a CPU
+    and a GPU choose the same scales (the quantized-weight cache is shared).
+    """
+    if importance is not None:
+        errors.mul_(importance)
+    half = BLOCK_SIZE // 2
+    while half:
+        errors[:half].add_(errors[half : 2 * half])
+        half //= 2
+    return errors[0]
+
+
+_FLOAT32_INF_BITS = 0x7F800000
+_RANK_BITS = 4  # room for a candidate's rank below the error bits (C <= 16)
+
+
+@dataclass(frozen=True)
+class _SearchOrder:
+    """The order in which a window's candidates are tried: RTN (offset 0)
+    first, then the others from the lowest code up."""
+
+    ranks: torch.Tensor  # int32 [C, 1, 1]: each candidate's place in that order
+    offsets: torch.Tensor  # int16 [C]: the offset tried at each place
+    rtn: int  # RTN's candidate index
+
+    @staticmethod
+    def of(window: range, device: torch.device) -> _SearchOrder:
+        tried = sorted(window, key=lambda offset: (offset != 0, offset))
+        assert len(tried) <= 1 << _RANK_BITS
+        ranks = [tried.index(offset) for offset in window]
+        return _SearchOrder(
+            torch.tensor(ranks, dtype=torch.int32, device=device).view(-1, 1, 1),
+            torch.tensor(tried, dtype=torch.int16, device=device),
+            window.index(0),
+        )
+
+
+def _least_error_codes(sums: torch.Tensor, rtn_codes: torch.Tensor, order: _SearchOrder) -> torch.Tensor:
+    """uint8 [R, B]: per block, the candidate code with the least of the
+    [R, B, C] error sums.
+
+    The rule is sequential: the candidates are tried in ``order``, each kept
+    only when strictly better than the best so far. So RTN keeps every tie, a
+    NaN sum (an infinite error times a zero importance) never wins, and a NaN
+    RTN sum is never beaten. Computed here without a compare-and-select per
+    candidate (bool masks are slow on a CPU): on the sums' bits with the sign
+    cleared, whose integer order is the float order (-0.0 == +0.0, NaN above
+    all), the winner is the first candidate in ``order`` whose bits are the
+    least: two integer minima over the candidates.
+    """
+    bits = sums.permute(2, 0, 1).contiguous().view(torch.int32).bitwise_and_(0x7FFFFFFF)
+    rtn_bits = bits[order.rtn]
+    rtn_bits.masked_fill_(rtn_bits > _FLOAT32_INF_BITS, 0)  # a NaN RTN sum is never beaten
+    least = bits.amin(0)
+    # Per candidate, 0 if it reaches the least sum, else 1, then its rank.
+    keys = bits.sub_(least).clamp_(max=1).bitwise_left_shift_(_RANK_BITS).bitwise_or_(order.ranks)
+    winners = keys.amin(0).bitwise_and_((1 << _RANK_BITS) - 1)
+    offsets = order.offsets.index_select(0, winners.view(-1)).view(rtn_codes.shape)
+    return offsets.add_(rtn_codes).clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8)
+
+
+def _searched_scale_codes(
+    weight: torch.Tensor,
+    rtn_codes: torch.Tensor,
+    candidates: _CandidateErrors,
+    chunk_rows: int,
+    importance: torch.Tensor | None,
+) -> torch.Tensor:
+    """Per block, the candidate scale code with the least (weighted) squared error."""
+    weights = None
+    if importance is not None:  # [16, 1, B, 1]: element j of every block b is column 16 b + j
+        weights = importance.to(weight.device, torch.float32).view(-1, BLOCK_SIZE).t()
+        weights = weights.reshape(BLOCK_SIZE, 1, -1, 1).contiguous()
+    order = _SearchOrder.of(candidates.window, weight.device)
+    best_codes = torch.empty_like(rtn_codes)
+    for rows in _row_chunks(weight.shape[0], chunk_rows):
+        errors = candidates.errors(_blocks(weight[rows]), rtn_codes[rows])
+        sums = _block_sums(errors, weights)
+        best_codes[rows] = _least_error_codes(sums, rtn_codes[rows], order)
+    return best_codes
 
 
 # ---------------------------------------------------------------------------
@@ -486,6 +650,16 @@ def _checked_input(weight: torch.Tensor, name: str) -> torch.Tensor:
 def _default_chunk_rows(device: torch.device, row_length: int) -> int:
     elements = _CPU_CHUNK_ELEMENTS if device.type == "cpu" else _ACCELERATOR_CHUNK_ELEMENTS
     return max(1, elements // row_length)
+
+
+def _search_chunk_rows(device: torch.device, row_length: int, window: range, chunk_rows: int) -> int:
+    """Rows per chunk of the scale search, whose buffers hold an error per
+    element and candidate: ``chunk_rows``' elements' worth of errors at most,
+    and on a CPU few enough to stay in cache."""
+    rows = chunk_rows // len(window)
+    if device.type == "cpu":
+        rows = min(rows, _CPU_SEARCH_ERRORS // (row_length * len(window)))
+    return max(1, rows)
 
 
 def _row_chunks(num_rows: int, chunk_rows: int) -> Iterator[slice]:
@@ -531,57 +705,6 @@ def _raise_non_finite(weight: torch.Tensor, name: str) -> NoReturn:
         f"NVFP4 input {name!r} contains NaN or Inf (first at [{row}, {col}] = "
         f"{weight[row, col].item()}); fix the checkpoint or leave this module unquantized"
     )
-
-
-def _candidate_codes(rtn_codes: torch.Tensor, offsets: tuple[int, ...]) -> list[torch.Tensor]:
-    """The E4M3 codes ``offsets`` away from each RTN code, kept inside the finite codes."""
-    widened = rtn_codes.to(torch.int16)
-    return [(widened + offset).clamp_(0, _E4M3_MAX_FINITE_CODE).to(torch.uint8) for offset in offsets]
-
-
-def _block_sums(errors: torch.Tensor, importance: torch.Tensor | None) -> torch.Tensor:
-    """float32 [R, B] from [16, R, B] element errors (overwritten), weighted by
-    ``importance`` ([16, 1, B] float32) when given.
-
-    A fixed tree of elementwise adds rather than ``sum``: a reduction's order
-    may differ between devices and thread counts, and with it the rounding, and
-    so which of two near-equal candidates wins. Every step here is one
-    correctly rounded IEEE operation on the same operands everywhere, so a CPU
-    and a GPU choose the same scales (the quantized-weight cache is shared).
-    """
-    if importance is not None:
-        errors.mul_(importance)
-    half = BLOCK_SIZE // 2
-    while half:
-        errors[:half].add_(errors[half : 2 * half])
-        half //= 2
-    return errors[0].clone()
-
-
-def _searched_scale_codes(
-    weight: torch.Tensor,
-    rtn_codes: torch.Tensor,
-    encoder: _ElementEncoder,
-    chunk_rows: int,
-    offsets: tuple[int, ...],
-    importance: torch.Tensor | None,
-) -> torch.Tensor:
-    """Per block, the candidate scale code with the least (weighted) squared error."""
-    weights = None
-    if importance is not None:  # [16, 1, B]: element j of every block b is column 16 b + j
-        weights = importance.to(weight.device, torch.float32).view(-1, BLOCK_SIZE).t().unsqueeze(1).contiguous()
-    best_codes = rtn_codes.clone()
-    for rows in _row_chunks(weight.shape[0], chunk_rows):
-        view = encoder.search_view(_blocks(weight[rows]))
-        best = best_codes[rows]
-        best_error = _block_sums(encoder.element_errors(view, best), weights)
-        for candidate in _candidate_codes(best, offsets):
-            error = _block_sums(encoder.element_errors(view, candidate), weights)
-            # Strictly better only, so RTN (tried first) keeps every tie.
-            better = error < best_error
-            best.copy_(torch.where(better, candidate, best))
-            best_error = torch.where(better, error, best_error)
-    return best_codes
 
 
 def _checked_importance(importance: torch.Tensor, k: int, name: str) -> torch.Tensor:
@@ -664,12 +787,11 @@ def quantize(
     scale_codes = _rtn_scale_codes(block_amax, global_encode)
 
     if scale_policy is not ScalePolicy.RTN:
-        offsets = _SEARCH_OFFSETS[scale_policy]
-        tried = [scale_codes, *_candidate_codes(scale_codes, offsets)]
-        encoder = _encoder_for(weight, global_decode, tried)
-        scale_codes = _searched_scale_codes(weight, scale_codes, encoder, chunk_rows, offsets, importance)
-    else:
-        encoder = _encoder_for(weight, global_decode, [scale_codes])
+        window = _SEARCH_WINDOWS[scale_policy]
+        candidates = _candidate_errors_for(weight, global_decode, scale_codes, window)
+        search_rows = _search_chunk_rows(weight.device, k, window, chunk_rows)
+        scale_codes = _searched_scale_codes(weight, scale_codes, candidates, search_rows, importance)
+    encoder = _encoder_for(weight, global_decode, [scale_codes])
 
     packed = torch.empty(n, k // 2, dtype=torch.uint8, device=weight.device)
     scratch = _Scratch(weight.device)

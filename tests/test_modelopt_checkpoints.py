@@ -48,6 +48,9 @@ def test_an_export_serves_what_quantizing_at_load_serves(tiny_gemma3_dir: Path, 
         assert torch.equal(stored.state_dict[name].view(torch.uint8), tensor.view(torch.uint8)), name
     expected = "NVFP4 14/14" if not ignore else "NVFP4 6/14"
     assert expected in stored.report.line() and "checkpoint weights" in stored.report.line()
+    # The same bytes before (the unquantized model) and after, so the same ratio.
+    for figure in ("projection_bytes_before", "projection_bytes_after", "decode_bytes_before", "decode_bytes_after"):
+        assert getattr(stored.report, figure) == getattr(at_load.report, figure), figure
     assert not (tmp_path / "stored-cache").exists(), "nothing to prepare, nothing cached"
 
 

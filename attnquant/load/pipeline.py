@@ -156,7 +156,7 @@ def prepare_weights(
         quant=config.quant, source=source, layer_errors=served.layer_errors,
         folded=choice.path is ReconstructionPath.GRAPH_FOLD,
         lookup_only=(head.embedding,) if head and not (head.tied and config.lm_head == "bf16") else (),
-        head=f"lm_head={config.lm_head}" if head else "",
+        head=f"lm_head={config.lm_head}" if head else "", stored=stored,
     )  # fmt: skip
     logger.info(report.line())
     if (warning := report.theta_warning()) is not None:

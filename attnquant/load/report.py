@@ -30,6 +30,9 @@ class LoadReport:
     several layers (a band's shared W0) counts once. "Per decode token" is
     every served tensor once: at batch 1 each step reads every weight (the
     tied embedding once, as the output head); the KV cache is not counted.
+    A projection the checkpoint stores as NVFP4 counts, before, as the bf16
+    weight it encodes (its packed codes and scales are what is served), so
+    the ratio is against the unquantized model either way.
     """
 
     path: str
@@ -68,16 +71,20 @@ class LoadReport:
         folded: bool = False,
         lookup_only: Collection[str] = (),
         head: str = "",
+        stored: Collection[ProjectionKey] = (),
     ) -> LoadReport:
         """``folded``: MAX folds W_eff from theta at load (the graph fold), so
         it holds theta and a dense W_eff and each step reads the W_eff.
         ``lookup_only``: served tensors a decode step reads a few rows of, not
         whole (an embedding the output head is not tied to, or whose head is
-        served packed)."""
+        served packed). ``stored``: projections the checkpoint stores as NVFP4."""
         modules = {key.module_name for key in keys}
-        projection_before = sum(_nbytes(before[key.weight_name]) for key in keys)
+        encoded = {key.weight_name: _bf16_nbytes_of_packed(before[key.weight_name]) for key in stored}
+        projection_before = sum(encoded.get(key.weight_name) or _nbytes(before[key.weight_name]) for key in keys)
         projection_after = unique_nbytes(t for name, t in served.items() if name.rsplit(".", 1)[0] in modules)
-        decode_before = unique_nbytes(before.values())
+        stored_modules = {key.module_name for key in stored}
+        unquantized = (t for name, t in before.items() if name.rsplit(".", 1)[0] not in stored_modules)
+        decode_before = unique_nbytes(unquantized) + sum(encoded.values())
         decode_after = unique_nbytes(t for name, t in served.items() if name not in lookup_only)
         return cls(
             path=path, blocks=blocks, num_layers=num_layers, rank=rank, quant=quant,
@@ -138,6 +145,11 @@ class LoadReport:
 def unique_nbytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct tensor objects (an aliased W0 counts once)."""
     return sum(_nbytes(t) for t in {id(t): t for t in tensors}.values())
+
+
+def _bf16_nbytes_of_packed(packed: torch.Tensor) -> int:
+    """Bytes of the bf16 [N, K] weight that [N, K/2] packed E2M1 pairs encode."""
+    return packed.numel() * 2 * 2
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

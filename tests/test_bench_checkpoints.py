@@ -54,6 +54,28 @@ def test_gemma4_embedding_never_emits_special_tokens(random_checkpoint) -> None:
     assert gemma4.initial_fill("model.language_model.layers.0.self_attn.q_proj.weight") is None
 
 
+def test_gemma3_embedding_never_emits_special_tokens(random_checkpoint) -> None:
+    """A random Gemma 3 that emits special tokens answers "" and ``max benchmark`` stops."""
+    gemma3 = bench_module("make_random_gemma3")
+    for name in ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight"):
+        assert gemma3.initial_value(name, specials=10) == random_checkpoint.Noise(zero_rows=10)
+    assert gemma3.initial_value("model.layers.0.input_layernorm.weight", specials=10) == 0.0
+    assert gemma3.initial_value("model.layers.0.self_attn.q_proj.weight", specials=10) is None
+
+
+def test_gemma3_chat_template_marks_images(tmp_path: Path) -> None:
+    """An image part of a chat request becomes the marker the processor expands
+    (otherwise MAX answers an image request with HTTP 400)."""
+    from jinja2 import Template
+
+    gemma3 = bench_module("make_random_gemma3")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour?"}]}]
+    text = Template(gemma3.CHAT_TEMPLATE).render(messages=messages, bos_token="<bos>")
+    assert text == "<bos><start_of_turn>user\n<start_of_image>What colour?<end_of_turn>\n<start_of_turn>model"
+    plain = Template(gemma3.CHAT_TEMPLATE).render(messages=[{"role": "user", "content": "hi"}], bos_token="")
+    assert plain.startswith("<start_of_turn>user\nhi<end_of_turn>")
+
+
 TINY_ASSISTANT = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from random_checkpoint import GEMMA_ROLES, write_random_weights, write_word_tokenizer
+from random_checkpoint import GEMMA_ROLES, Noise, write_random_weights, write_word_tokenizer
 
 GEOMETRIES = {
     # google/gemma-3-1b-it's text geometry.
@@ -56,9 +56,15 @@ HUB_NAMES = (  # transformers' module names -> the Hub checkpoints' tensor names
     ("model.vision_tower.", "vision_tower.vision_model."),
     ("model.multi_modal_projector.", "multi_modal_projector."),
 )
+# Gemma 3's turn markup; a message's content is a string or (an OpenAI chat
+# request with an image) a list of parts, an image part rendered as the
+# <start_of_image> marker the processor expands into the image's tokens.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
-    "{{ m['content'] }}<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<start_of_image>{% elif part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
 )
 
 
@@ -90,7 +96,12 @@ def write_config(out: Path, geometry: dict, image_ids: dict[str, int] | None):
     return config
 
 
-def write_weights(out: Path, config, device: str) -> int:
+def write_weights(out: Path, config, device: str, specials: int) -> int:
+    """Random weights; the embedding rows of the first ``specials`` ids (the
+    special tokens and the bare "▁") zero, so the model never emits them: a
+    completion of special tokens decodes to "" and ``max benchmark`` stops on
+    it. (A random model tends to repeat its last input token, and the chat
+    markup's role words are <unk> in the word vocabulary.)"""
     from transformers import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 
     model_class = Gemma3ForConditionalGeneration if hasattr(config, "vision_config") else Gemma3ForCausalLM
@@ -99,7 +110,7 @@ def write_weights(out: Path, config, device: str) -> int:
     shapes.pop("lm_head.weight")  # tied to the embedding
     # Gemma 3 norms scale by (1 + w): zeros are the identity. The vision
     # tower's LayerNorms scale by w: ones.
-    return write_random_weights(out, shapes, device, lambda n: initial_value(n))
+    return write_random_weights(out, shapes, device, lambda n: initial_value(n, specials))
 
 
 def hub_name(name: str) -> str:
@@ -109,7 +120,9 @@ def hub_name(name: str) -> str:
     return name
 
 
-def initial_value(name: str) -> float | None:
+def initial_value(name: str, specials: int) -> float | Noise | None:
+    if name.endswith("embed_tokens.weight"):
+        return Noise(zero_rows=specials)
     if name.startswith("vision_tower.") and ("layer_norm" in name or "layernorm" in name):
         return 0.0 if name.endswith(".bias") else 1.0
     if name.endswith(".bias"):
@@ -159,7 +172,7 @@ def main() -> None:
                      "image_token_index": ids["image_token"]}  # fmt: skip
         write_processor(args.out, tokenizer)
     config = write_config(args.out, geometry, image_ids)
-    nbytes = write_weights(args.out, config, args.device)
+    nbytes = write_weights(args.out, config, args.device, specials=len(specials) + 1)  # + the bare "▁"
     print(f"wrote random Gemma 3 {args.geometry} ({geometry['num_hidden_layers']} layers, "
           f"{nbytes / 2**30:.1f} GiB) to {args.out}")  # fmt: skip
 

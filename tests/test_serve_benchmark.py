@@ -44,9 +44,10 @@ def test_invariance_rows_price_the_first_difference_with_the_expected_margin() -
     invariance = bench_module("batch_invariance")
     expected = invariance.Greedy([1, 2, 3, 4], [0.5, 0.25, 0.125, 2.0])
     assert invariance.compare(7, expected, [1, 2, 3, 4]) == {
-        "prompt": 7, "identical": True, "first_difference": None, "margin": None,
+        "prompt": 7, "identical": True, "first_difference": None, "margin": None, "got": None,
     }  # fmt: skip
     assert invariance.compare(7, expected, [1, 2, 9, 4])["first_difference"] == 2
+    assert invariance.compare(7, expected, [1, 2, 9, 4])["got"] == 9  # the batched token there
     assert invariance.compare(7, expected, [1, 2, 9, 4])["margin"] == 0.125
     shorter = invariance.compare(0, expected, [1, 2])
     assert (shorter["identical"], shorter["first_difference"], shorter["margin"]) == (False, 2, 0.125)
@@ -125,3 +126,13 @@ def test_image_request_sends_a_decodable_png_and_reports_maxs_answer(monkeypatch
     image, text = sent[0]["messages"][0]["content"]
     png = base64.b64decode(image["image_url"]["url"].removeprefix("data:image/png;base64,"))
     assert Image.open(io.BytesIO(png)).size == (64, 64) and text["type"] == "text"
+
+
+def test_arena_in_gib_becomes_maxs_percentage_of_the_free_memory() -> None:
+    harness = bench_module("serve_benchmark")
+    free = 100 * 2**30
+    assert harness.arena_env({"ARENA_GIB": "24", "X": "1"}, free) == {"X": "1", harness.ARENA: "24"}
+    assert harness.arena_env({"ARENA_GIB": "24"}, 50 * 2**30) == {harness.ARENA: "48"}
+    assert harness.arena_env({"ARENA_GIB": "24.5"}, free) == {harness.ARENA: "25"}  # rounded up
+    assert harness.arena_env({"ARENA_GIB": "200"}, free) == {harness.ARENA: "95"}  # MAX's check then names the sizes
+    assert harness.arena_env({harness.ARENA: "5"}) == {harness.ARENA: "5"}  # a percentage passes as given

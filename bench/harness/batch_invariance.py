@@ -37,6 +37,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,11 @@ PROMPT_TOPICS = (
     "coffee", "a river", "snow", "a market", "glass", "a forest", "the wind", "a violin",
     "salt", "a harbour", "thunder", "a bicycle", "ink", "a castle", "honey", "the stars",
 )
+
+
+def prompt_texts(n: int) -> list[str]:
+    """The ``n`` distinct prompts every run sends (bench/checks/invariance_margins.py replays them)."""
+    return [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[:n]]
 
 
 @dataclass
@@ -87,7 +93,9 @@ def compare(prompt: int, expected: Greedy, got: list[int]) -> dict:
     """One request's row: ``got`` against ``expected`` (whose margins price a difference)."""
     diverges = first_difference(expected.ids, got)
     margin = expected.margins[diverges] if diverges is not None and diverges < len(expected.margins) else None
-    return {"prompt": prompt, "identical": diverges is None, "first_difference": diverges, "margin": margin}
+    got_there = got[diverges] if diverges is not None and diverges < len(got) else None
+    return {"prompt": prompt, "identical": diverges is None, "first_difference": diverges, "margin": margin,
+            "got": got_there}  # fmt: skip
 
 
 def check_cell(
@@ -133,6 +141,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", help="a cell (one of --cells) every other cell is also compared with")
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
+    parser.add_argument("--stagger", type=float, default=0.0,
+                        help="seconds between server starts (each takes its arena from the memory then free)")
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
@@ -140,7 +150,7 @@ def main() -> None:
         parser.error(f"--reference {args.reference} is not one of --cells")
     # SIGTERM (h200_lease.sh stop) unwinds through the finally below, which stops the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    prompts = [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[: args.prompts]]
+    prompts = prompt_texts(args.prompts)
     cells = sorted((Cell.parse(spec) for spec in args.cells), key=lambda c: c.spec != args.reference)
     if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
         parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
@@ -151,6 +161,8 @@ def main() -> None:
     try:
         for i, cell in enumerate(cells):
             log = args.out.parent / f"serve-invariance-{cell.slug}.log"
+            if i and args.stagger:
+                time.sleep(args.stagger)
             servers[cell.spec] = (launch(cell, args, args.port_base + i, log), args.port_base + i, log)
         for cell in cells:
             server, port, log = servers[cell.spec]

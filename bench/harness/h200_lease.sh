@@ -20,20 +20,21 @@
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
 #   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
 #      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
-#   6. MTP, beside the invariance servers: random Gemma 4 at the 31B geometry
+#   6. MTP: random Gemma 4 at the 31B geometry
 #      (G4_LAYERS layers) with its random assistant drafting 3 tokens, ours
 #      NVFP4 as the target, capture on and off, compared token for token with
 #      ours NVFP4 without a drafter, alone and at concurrency 8
 #      (bench/harness/batch_invariance.py --reference);
-#   7. after the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
+#   7. beside the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
 #      random weights cut to G27_LAYERS layers for the disk): ours serving its own
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
 #      ours NVFP4 + capture and MAX's built-in bf16, c=1 and c=8, one image request
 #      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
-# Override: PHASES (default "invariance padding verify quantize mtp big"; "kernels" adds 1.),
+# Override: PHASES (default "mtp big quantize"; also "invariance", "padding", "verify", "kernels", "big4b"),
 # WAIT_S (540), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
-# arena (% of the memory free when it starts) is set per cell; MM_PERCENT (5) is the rest's.
+# arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
+# free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
 # call replaces the working tree): cp -r . /tmp/repo && bash /tmp/repo/bench/harness/h200_lease.sh start
 set -uo pipefail
@@ -42,7 +43,7 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
-PHASES="${PHASES:-invariance padding verify quantize mtp big}"
+PHASES="${PHASES:-mtp big quantize}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
@@ -72,10 +73,12 @@ mtp() {
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
     --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
+  # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
+  # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
-    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on${MM}=20" \
-    --cells "attnquant-nvfp4:on${MM}=20" "attnquant-nvfp4-mtp3:on${MM}=20" "attnquant-nvfp4-mtp3:off${MM}=20" \
-    --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.6 --port-base 8500 \
+    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --stagger 45 \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:off+ARENA_GIB=23" \
+    --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
 
@@ -87,22 +90,27 @@ big_checkpoints() {  # while the first servers compile
 }
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
-  # The ModelOpt export first: it starts alone, so it serves even if the lease ends early.
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --image \
-    --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.8 --port-base 8700 --gpu-lock "$LOCK" \
-    --cells "attnquant-modelopt:on${MM}=30" "attnquant-nvfp4:on${MM}=28" "builtin-bf16:off${MM}=27" \
+  # Ours first (it serves alone while MAX's compiles), beside the MTP servers
+  # (3 x 23 GiB): 26 + 31 GiB. Then ours serving its own ModelOpt export.
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image \
+    --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8700 --gpu-lock "$LOCK" \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=26" "builtin-bf16:off+ARENA_GIB=31" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --image \
+    --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8710 --gpu-lock "$LOCK" \
+    --cells "attnquant-modelopt:on+ARENA_GIB=26" \
+    --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
   wants big4b || return 0
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
-    --cells "builtin-bf16:off${MM}=30" "attnquant-nvfp4:on${MM}=30" --trials "${TRIALS:-2}" \
-    --memory-fraction 0.8 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
+    --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
     > "$WORK/big-4b.txt" 2>&1
 }
 
 run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
-  say "checkpoints"; checkpoints
+  if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
     say "kernels"; ( flock "$LOCK" timeout 420 python3 "$HERE/../kernel_timing/kernels_h200.py" --out "$WORK/kernels" \
@@ -125,12 +133,12 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
         > "$WORK/padding.txt" 2>&1
       say "padding done"
     fi ) &
-  ( if wants mtp; then say "mtp"; mtp; say "mtp done"; fi
-    if wants big; then  # the GPU's memory: after the invariance and MTP servers are gone
-      # The invariance servers' arenas are small; the MTP servers' are gone by now.
-      wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"
-      say "big"; big; say "big done"
-    fi ) &
+  # MTP and the big models compile side by side: one compile takes 10-15
+  # minutes on the device's host, so one after the other outlasts a lease.
+  if wants mtp; then ( say "mtp"; mtp; say "mtp done" ) & fi
+  if wants big; then
+    ( wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big"; big; say "big done" ) &
+  fi
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds
     ( timeout 1500 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
@@ -152,7 +160,7 @@ collect() {  # at most 8 files come back
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
   cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
-  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*b.txt "$WORK"/g3-*-bench/results.jsonl > "$OUT/big.txt" 2>/dev/null
+  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl > "$OUT/big.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
       grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -30

@@ -50,6 +50,7 @@ import base64
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import signal
@@ -122,8 +123,40 @@ def speculative_args(cell: Cell, args: argparse.Namespace) -> list[str]:
             "--num-speculative-tokens", str(cell.drafted_tokens)]  # fmt: skip
 
 
+ARENA = "MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"
+ARENA_GIB = "ARENA_GIB"
+"""A cell's ``+ARENA_GIB=N``: its arena as N GiB, turned into MAX's percentage
+of the memory free on GPU 0 when the server starts (a percentage fixed in
+advance gives servers started later less than planned)."""
+
+
+def free_gpu_bytes() -> int:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.split()[0]) << 20
+
+
+def arena_env(cell_env: dict[str, str], free_bytes: int | None = None) -> dict[str, str]:
+    """``cell_env`` with ``ARENA_GIB`` replaced by MAX's arena percentage (at
+    most 95: a server given less than it asked stops at MAX's memory check,
+    which names the sizes)."""
+    if ARENA_GIB not in cell_env:
+        return dict(cell_env)
+    env = {k: v for k, v in cell_env.items() if k != ARENA_GIB}
+    free = free_gpu_bytes() if free_bytes is None else free_bytes
+    wanted = float(cell_env[ARENA_GIB]) * 2**30
+    env[ARENA] = str(min(95, math.ceil(100 * wanted / max(free, 1))))
+    return env
+
+
 def launch(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
     command, env = VARIANTS[cell.variant]
+    cell_env = arena_env(cell.env)
+    if ARENA in cell_env:
+        with log.open("a") as f:
+            f.write(f"harness: {ARENA}={cell_env[ARENA]} ({cell.env.get(ARENA_GIB, '-')} GiB asked)\n")
     server_args = [
         *command, "serve", "--model-path", str(served_model(cell, args)), "--port", str(port),
         "--max-length", "2048", "--max-batch-size", str(args.max_batch_size), "--enable-in-flight-batching",
@@ -134,7 +167,7 @@ def launch(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subpro
     return subprocess.Popen(
         # Host threads per server: several servers on one host each sizing
         # torch/OpenMP pools to every core thrash (theta builds ran 30x slower).
-        server_args, env={**os.environ, "OMP_NUM_THREADS": str(args.threads), **env, **cell.env}, stdout=log.open("ab"),
+        server_args, env={**os.environ, "OMP_NUM_THREADS": str(args.threads), **env, **cell_env}, stdout=log.open("ab"),
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 

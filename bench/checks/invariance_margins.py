@@ -1,0 +1,111 @@
+"""Prices each batch-invariance difference with a float32 host reference.
+
+Capturing servers cannot return log probabilities (MAX refuses them under the
+overlap scheduler), so ``bench/harness/batch_invariance.py`` prints ``(-)``
+for their margins. This script takes its ``--out`` file from the GPU and, for
+every request whose batched ids left its ids alone, replays the shared prefix
+through transformers in float32 with the weights that cell serves
+(``attnquant.tools.verify.transformers_model``: NVFP4 dequantized on the host)
+and prints, at the first diverging position, the log-probability gap between
+the token chosen alone and float32's best other token (and the token chosen
+batched, where the results record it). A gap far below the bf16
+resolution of the logits (about 0.125 at |logit| 16–32) is a near-tie that
+any change of summation order can flip; a large gap means a corrupted
+computation. As a check of the replay itself it also prints how many
+requests' first token alone is float32's greedy token.
+
+    python bench/checks/invariance_margins.py RESULTS.json --model ~/.cache/attnquant/models/gemma3-270m
+
+RESULTS.json may hold several JSON objects one after another (the lease's
+collected file); cells are matched by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+from batch_invariance import prompt_texts  # noqa: E402
+from serve_benchmark import Cell  # noqa: E402
+
+from attnquant.tools.verify import transformers_model  # noqa: E402
+
+
+def read_results(path: Path) -> dict:
+    """Every cell of every JSON object in ``path`` (objects written back to back)."""
+    text, decoder, cells, at = path.read_text(), json.JSONDecoder(), {}, 0
+    while at < len(text.rstrip()):
+        while text[at].isspace():
+            at += 1
+        obj, at = decoder.raw_decode(text, at)
+        cells.update(obj)
+    return cells
+
+
+def cell_env(spec: str) -> dict[str, str]:
+    """The ATTNQUANT_* settings a cell served with (its weights)."""
+    cell = Cell.parse(spec)
+    env = {k: v for k, v in cell.env.items() if k.startswith("ATTNQUANT_")}
+    env.setdefault("ATTNQUANT_QUANT", "nvfp4" if "nvfp4" in cell.variant else "none")
+    return {**env, "ATTNQUANT_CACHE": "0"}
+
+
+@torch.no_grad()
+def log_probs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    return torch.log_softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+
+
+def differences(result: dict) -> list[tuple[int, int, str, int | None]]:
+    """(prompt, first diverging position, concurrency, token batched if recorded)."""
+    alone, seen = result["alone"], set()
+    for concurrency, rows in result["batched"].items():
+        for row in rows:
+            pos = row["first_difference"]
+            if row["identical"] or pos is None or pos >= len(alone[row["prompt"]]):
+                continue
+            seen.add((row["prompt"], pos, str(concurrency), row.get("got")))
+    return sorted(seen)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--cells", nargs="*", help="cells to price (default: every attnquant cell)")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    results = read_results(args.results)
+    specs = args.cells or [s for s in results if s.startswith("attnquant")]
+    print("| cell | prompt | position | concurrencies | float32: alone's token − best other (nats) | alone's − batched's |")
+    print("|---|---|---|---|---|---|")
+    for spec in specs:
+        result = results[spec]
+        model = transformers_model(args.model, cell_env(spec))
+        prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]))]
+        first = sum(int(log_probs(model, prompts[i]).argmax()) == ids[0] for i, ids in enumerate(result["alone"]))
+        print(f"<!-- {spec}: float32 greedy first token = GPU's alone for {first}/{len(result['alone'])} prompts -->")
+        by_place: dict[tuple[int, int], list[str]] = {}
+        for prompt, pos, concurrency, _ in differences(result):
+            by_place.setdefault((prompt, pos), []).append(str(concurrency))
+        got = {(p, pos): tok for p, pos, _, tok in differences(result)}
+        for (prompt, pos), concurrencies in sorted(by_place.items()):
+            alone = result["alone"][prompt]
+            lp = log_probs(model, prompts[prompt] + alone[:pos])
+            others = lp.clone()
+            others[alone[pos]] = -torch.inf
+            gap = float(lp[alone[pos]] - others.max())
+            batched = got[(prompt, pos)]
+            to_batched = f"{float(lp[alone[pos]] - lp[batched]):+.4f}" if batched is not None else "-"
+            print(f"| {spec.split('+')[0]} | {prompt} | {pos} | {','.join(concurrencies)} | {gap:+.4f} | {to_batched} |")
+        del model
+
+
+if __name__ == "__main__":
+    main()

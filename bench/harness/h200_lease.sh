@@ -90,9 +90,9 @@ big_checkpoints() {  # while the first servers compile
 }
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
-  # Ours first (it serves alone while MAX's compiles), beside the MTP servers
-  # (3 x 23 GiB): 26 + 31 GiB. Then ours serving its own ModelOpt export.
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image \
+  # Beside the MTP servers (3 x 23 GiB): 26 + 31 GiB, compiling side by side.
+  # Then ours serving its own ModelOpt export.
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image --stagger 45 \
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8700 --gpu-lock "$LOCK" \
     --cells "attnquant-nvfp4:on+ARENA_GIB=26" "builtin-bf16:off+ARENA_GIB=31" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1

@@ -295,8 +295,10 @@ def run_session(
         for i, cell in enumerate(cells):
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
+            if i and args.stagger is not None:
+                time.sleep(args.stagger)
             servers[cell.spec] = (launch(cell, args, port, log), port, log)
-            if i == 0 and len(cells) > 1:
+            if i == 0 and len(cells) > 1 and args.stagger is None:
                 # The first server alone fills MAX's kernel caches (two first
                 # compiles of one kernel library race: "file too short"), and
                 # in every session, because MAX sizes a server's memory arena
@@ -432,6 +434,9 @@ def main() -> None:
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     parser.add_argument("--export", type=Path, help=f"the NVFP4 checkpoint {EXPORTED} cells serve (attnquant quantize)")
     parser.add_argument("--image", action="store_true", help="also send each cell one chat request with an image")
+    parser.add_argument("--stagger", type=float,
+                        help="start the servers this many seconds apart instead of the first alone until ready "
+                             "(their compiles overlap: a big model's takes 10-15 minutes)")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
     args.out.parent.mkdir(parents=True, exist_ok=True)  # the servers' logs go there too

@@ -136,3 +136,24 @@ def test_arena_in_gib_becomes_maxs_percentage_of_the_free_memory() -> None:
     assert harness.arena_env({"ARENA_GIB": "24.5"}, free) == {harness.ARENA: "25"}  # rounded up
     assert harness.arena_env({"ARENA_GIB": "200"}, free) == {harness.ARENA: "95"}  # MAX's check then names the sizes
     assert harness.arena_env({harness.ARENA: "5"}) == {harness.ARENA: "5"}  # a percentage passes as given
+
+
+def test_margin_pricing_reads_every_cell_and_each_departure_once(tmp_path: Path) -> None:
+    """bench/checks/invariance_margins.py: the lease's file holds several
+    results objects back to back; a request departing at one place under
+    several concurrencies is priced once."""
+    import json
+
+    margins = bench_module("invariance_margins")
+    row = {"prompt": 1, "identical": False, "first_difference": 3, "margin": None, "got": 7}
+    same = {"prompt": 0, "identical": True, "first_difference": None, "margin": None, "got": None}
+    first = {"attnquant-bf16:on": {"alone": [[1, 2], [4, 5, 6, 8]], "batched": {"8": [same, row], "32": [row]}}}
+    second = {"builtin-bf16:off": {"alone": [], "batched": {}}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(first, indent=1) + json.dumps(second))
+    cells = margins.read_results(path)
+    assert sorted(cells) == ["attnquant-bf16:on", "builtin-bf16:off"]
+    assert margins.differences(cells["attnquant-bf16:on"]) == [(1, 3, "32", 7), (1, 3, "8", 7)]
+    assert margins.cell_env("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+MODULAR_X=5") == {
+        "ATTNQUANT_LM_HEAD": "nvfp4", "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_CACHE": "0",
+    }  # fmt: skip

@@ -22,7 +22,7 @@ def random_checkpoint():
 
 
 def _written(module, tmp_path: Path, shapes: dict, init) -> dict[str, torch.Tensor]:
-    total = module.write_random_weights(tmp_path, shapes, "cpu", init)
+    total = module.write_random_weights(tmp_path, shapes, init)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(tmp_path.glob("*.safetensors")):
         tensors |= load_file(file)

@@ -96,7 +96,7 @@ def write_config(out: Path, geometry: dict, image_ids: dict[str, int] | None):
     return config
 
 
-def write_weights(out: Path, config, device: str, specials: int) -> int:
+def write_weights(out: Path, config, specials: int) -> int:
     """Random weights; the embedding rows of the first ``specials`` ids (the
     special tokens and the bare "▁") zero, so the model never emits them: a
     completion of special tokens decodes to "" and ``max benchmark`` stops on
@@ -110,7 +110,7 @@ def write_weights(out: Path, config, device: str, specials: int) -> int:
     shapes.pop("lm_head.weight")  # tied to the embedding
     # Gemma 3 norms scale by (1 + w): zeros are the identity. The vision
     # tower's LayerNorms scale by w: ones.
-    return write_random_weights(out, shapes, device, lambda n: initial_value(n, specials))
+    return write_random_weights(out, shapes, lambda n: initial_value(n, specials))
 
 
 def hub_name(name: str) -> str:
@@ -151,7 +151,6 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="1b")
     parser.add_argument("--layers", type=int, help="keep the first N decoder layers (default: all)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     geometry = dict(GEOMETRIES[args.geometry])
@@ -172,7 +171,7 @@ def main() -> None:
                      "image_token_index": ids["image_token"]}  # fmt: skip
         write_processor(args.out, tokenizer)
     config = write_config(args.out, geometry, image_ids)
-    nbytes = write_weights(args.out, config, args.device, specials=len(specials) + 1)  # + the bare "▁"
+    nbytes = write_weights(args.out, config, specials=len(specials) + 1)  # + the bare "▁"
     print(f"wrote random Gemma 3 {args.geometry} ({geometry['num_hidden_layers']} layers, "
           f"{nbytes / 2**30:.1f} GiB) to {args.out}")  # fmt: skip
 

@@ -47,7 +47,7 @@ def build_config(layers: int):
     )
 
 
-def write_weights(out: Path, config, device: str) -> int:
+def write_weights(out: Path, config) -> int:
     from transformers.models.gemma4_unified.modeling_gemma4_unified import (
         Gemma4UnifiedForConditionalGeneration,
     )
@@ -55,7 +55,7 @@ def write_weights(out: Path, config, device: str) -> int:
     with torch.device("meta"):
         model = Gemma4UnifiedForConditionalGeneration(config)
         shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
-    return write_random_weights(out, shapes, device, initial_fill)
+    return write_random_weights(out, shapes, initial_fill)
 
 
 # The input embedding is scaled by sqrt(hidden) = 73, so at N(0, 0.02) each
@@ -80,7 +80,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--layers", type=int, default=60)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.layers < 6 or args.layers % 6:
         parser.error(f"--layers {args.layers}: use a multiple of 6 (5 sliding : 1 full)")
@@ -94,7 +93,7 @@ def main() -> None:
     config.text_config.hidden_size_per_layer_input = 0
     config.text_config.enable_moe_block = False
     config.save_pretrained(args.out)
-    total = write_weights(args.out, config, args.device)
+    total = write_weights(args.out, config)
     write_word_tokenizer(
         args.out, GEOMETRY_31B["vocab_size"], SPECIAL_TOKENS, CHAT_TEMPLATE,
         GEMMA_ROLES,

@@ -71,7 +71,7 @@ def build_config(target: dict, geometry: dict):
     return config
 
 
-def write_assistant(target_dir: Path, out: Path, geometry: dict, device: str = "cpu") -> int:
+def write_assistant(target_dir: Path, out: Path, geometry: dict) -> int:
     """Writes config, random bf16 weights and the target's tokenizer; returns bytes."""
     from transformers.models.gemma4_assistant.modeling_gemma4_assistant import (
         Gemma4AssistantForCausalLM,
@@ -83,7 +83,7 @@ def write_assistant(target_dir: Path, out: Path, geometry: dict, device: str = "
     shapes = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    total = write_random_weights(out, shapes, device, initial_fill)
+    total = write_random_weights(out, shapes, initial_fill)
     for name in TOKENIZER_FILES:
         if (target_dir / name).exists():
             shutil.copy(target_dir / name, out / name)
@@ -106,9 +106,8 @@ def main() -> None:
     parser.add_argument("target", type=Path, help="a make_random_gemma4.py checkpoint")
     parser.add_argument("out", type=Path)
     parser.add_argument("--mtp-target", type=Path, help="also write the target's MTP twin here")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    total = write_assistant(args.target, args.out, ASSISTANT_31B, args.device)
+    total = write_assistant(args.target, args.out, ASSISTANT_31B)
     print(f"wrote a random Gemma 4 assistant ({total / 1e9:.2f} GB) to {args.out}")
     if args.mtp_target:
         link_mtp_target(args.target, args.mtp_target)

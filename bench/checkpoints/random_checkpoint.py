@@ -35,13 +35,16 @@ class Noise:
 def write_random_weights(
     out: Path,
     shapes: Mapping[str, torch.Size],
-    device: str,
     init: Callable[[str], float | Noise | None],
 ) -> int:
     """Writes every tensor in ``shapes``; ``init(name)`` returns a constant
     fill (e.g. 1.0 for norms), a ``Noise``, or None for ``Noise()``.
-    Returns bytes written."""
-    generator = torch.Generator(device=device).manual_seed(0)
+    Returns bytes written.
+
+    Drawn on the CPU from one seeded generator, so a checkpoint made on the
+    GPU machine is the one made here: a run's random model can be replayed
+    on this machine (bench/checks/invariance_margins.py prices its outputs)."""
+    generator = torch.Generator().manual_seed(0)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = total = 0
     for name, shape in shapes.items():
@@ -50,9 +53,9 @@ def write_random_weights(
             tensor = torch.full(shape, fill, dtype=torch.bfloat16)
         else:
             noise = fill or Noise()
-            sample = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+            sample = torch.randn(shape, generator=generator, dtype=torch.float32)
             sample[: noise.zero_rows] = 0
-            tensor = (sample * noise.std).to(torch.bfloat16).cpu()
+            tensor = (sample * noise.std).to(torch.bfloat16)
         nbytes = tensor.numel() * tensor.element_size()
         if size and size + nbytes > SHARD_BYTES:
             shards.append({})

@@ -57,7 +57,7 @@ wait_for() {  # wait_for FILE TEXT: until FILE holds TEXT (at most 15 minutes)
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
 
 checkpoints() {
-  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-1b" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-1b" 2>&1 | tail -1
   ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
 }
 
@@ -70,7 +70,7 @@ invariance() {  # invariance NAME MODEL PORT ARENA% VARIANT...
 }
 
 mtp() {
-  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" 2>&1 | tail -1
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
     --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
   # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
@@ -86,7 +86,7 @@ big_checkpoints() {  # while the first servers compile
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" \
     --device cuda:0 2>&1 | tail -1
   python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
-  if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b --device cuda:0 2>&1 | tail -1; fi
+  if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b 2>&1 | tail -1; fi
 }
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower

@@ -85,7 +85,7 @@ memory_env() {  # memory_env ARENA_PERCENT (empty: MAX's default arena)
 run() {
   memory_env "${MM_PERCENT-10}"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$WORK/gpu.txt"
-  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-model" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-model" 2>&1 | tail -1
   if [ -n "$INGRAPH_CELLS" ]; then  # torch's greedy text per in-graph path, while the servers
     # compile; it holds the timing lock, so no trial starts beside it (capped: a late one is skipped)
     ( OMP_NUM_THREADS=4 flock "$LOCK" timeout "${REFERENCE_S:-420}" python3 "$HERE/../checks/ingraph_greedy_reference.py" \
@@ -134,7 +134,7 @@ run_gemma4() {  # alone, or after run on the same machine: shares the lock
   memory_env "${G4_MM_PERCENT-}"  # per cell above; empty here
   # 30 layers: the bytes-per-token ceiling of NVFP4-all over bf16 is 2.90x
   # there (1.94x at 6 layers: the bf16 LM head dominates; docs/dev/lab-log.md).
-  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-model" --layers "${G4_LAYERS:-30}" 2>&1 | tail -1
   # NVFP4 preparation on the GPU vs the host, 2 layers: same bits? how fast?
   timeout 240 python3 "$HERE/../checks/prepare_device_check.py" "$WORK/g4-model" --layers 2 > "$WORK/prepare-device.txt" 2>&1
   case "$G4_CELLS" in *-mtp3*)  # a random assistant, and the target under the name MAX pairs with it

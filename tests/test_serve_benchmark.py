@@ -157,3 +157,30 @@ def test_margin_pricing_reads_every_cell_and_each_departure_once(tmp_path: Path)
     assert margins.cell_env("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+MODULAR_X=5") == {
         "ATTNQUANT_LM_HEAD": "nvfp4", "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_CACHE": "0",
     }  # fmt: skip
+
+
+def test_starts_sharing_a_launch_lock_come_one_at_a_time_each_settled(monkeypatch, tmp_path: Path) -> None:
+    """Each start computes its arena from the memory free after the previous
+    server took its own: starts never overlap, and each holds the lock while it settles."""
+    import threading
+    import time
+
+    harness = bench_module("serve_benchmark")
+    spans = []
+
+    def start(cell, args, port, log):
+        began = time.monotonic()
+        time.sleep(0.05)
+        spans.append((began, time.monotonic()))
+
+    monkeypatch.setattr(harness, "_start_server", start)
+    args = argparse.Namespace(launch_lock=tmp_path / "launch.lock", settle=0.2)
+    threads = [threading.Thread(target=harness.launch, args=(None, args, 0, None)) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spans.sort()
+    assert len(spans) == 3
+    for (_, end), (next_begin, _) in zip(spans, spans[1:]):
+        assert next_begin - end >= 0.2  # the settling, under the lock

@@ -37,14 +37,13 @@ import argparse
 import json
 import signal
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from serve_benchmark import Cell, launch, served_model, stop, wait_ready  # this directory
+from serve_benchmark import Cell, add_launch_args, launch, served_model, stop, wait_ready  # this directory
 
 PROMPT_TOPICS = (
     "the sea", "a mountain village", "bread", "trains", "the moon", "a library", "rain", "chess",
@@ -141,8 +140,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", help="a cell (one of --cells) every other cell is also compared with")
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
-    parser.add_argument("--stagger", type=float, default=0.0,
-                        help="seconds between server starts (each takes its arena from the memory then free)")
+    add_launch_args(parser)
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
@@ -161,8 +159,6 @@ def main() -> None:
     try:
         for i, cell in enumerate(cells):
             log = args.out.parent / f"serve-invariance-{cell.slug}.log"
-            if i and args.stagger:
-                time.sleep(args.stagger)
             servers[cell.spec] = (launch(cell, args, args.port_base + i, log), args.port_base + i, log)
         for cell in cells:
             server, port, log = servers[cell.spec]

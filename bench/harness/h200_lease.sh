@@ -76,7 +76,7 @@ mtp() {
   # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
   # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
-    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --stagger 45 \
+    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" \
     --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:off+ARENA_GIB=23" \
     --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
@@ -92,7 +92,7 @@ big_checkpoints() {  # while the first servers compile
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
   # Beside the MTP servers (3 x 23 GiB): 26 + 31 GiB, compiling side by side.
   # Then ours serving its own ModelOpt export.
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image --stagger 45 \
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image --launch-lock "$WORK/launch.lock" \
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8700 --gpu-lock "$LOCK" \
     --cells "attnquant-nvfp4:on+ARENA_GIB=26" "builtin-bf16:off+ARENA_GIB=31" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1

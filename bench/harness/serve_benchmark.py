@@ -62,6 +62,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,7 +152,37 @@ def arena_env(cell_env: dict[str, str], free_bytes: int | None = None) -> dict[s
     return env
 
 
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    """How servers start (this harness and batch_invariance.py)."""
+    parser.add_argument("--launch-lock", type=Path,
+                        help="lock file shared by every harness starting servers on this GPU: one start at a "
+                             "time, each given --settle seconds to take its arena before the next computes its "
+                             "own from the memory then free; the servers' compiles still overlap")
+    parser.add_argument("--settle", type=float, default=45.0, help="seconds a start holds --launch-lock")
+
+
+@contextlib.contextmanager
+def launch_slot(args: argparse.Namespace) -> Iterator[None]:
+    """Holds ``--launch-lock`` (if given) for one server start and its settling."""
+    lock = getattr(args, "launch_lock", None)
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+            time.sleep(args.settle)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def launch(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+    with launch_slot(args):
+        return _start_server(cell, args, port, log)
+
+
+def _start_server(cell: Cell, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
     command, env = VARIANTS[cell.variant]
     cell_env = arena_env(cell.env)
     if ARENA in cell_env:
@@ -295,10 +326,8 @@ def run_session(
         for i, cell in enumerate(cells):
             log = logs / f"serve-{cell.slug}.log"
             port = args.port_base + i
-            if i and args.stagger is not None:
-                time.sleep(args.stagger)
             servers[cell.spec] = (launch(cell, args, port, log), port, log)
-            if i == 0 and len(cells) > 1 and args.stagger is None:
+            if i == 0 and len(cells) > 1 and args.launch_lock is None:
                 # The first server alone fills MAX's kernel caches (two first
                 # compiles of one kernel library race: "file too short"), and
                 # in every session, because MAX sizes a server's memory arena
@@ -434,9 +463,7 @@ def main() -> None:
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
     parser.add_argument("--export", type=Path, help=f"the NVFP4 checkpoint {EXPORTED} cells serve (attnquant quantize)")
     parser.add_argument("--image", action="store_true", help="also send each cell one chat request with an image")
-    parser.add_argument("--stagger", type=float,
-                        help="start the servers this many seconds apart instead of the first alone until ready "
-                             "(their compiles overlap: a big model's takes 10-15 minutes)")
+    add_launch_args(parser)
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
     args.out.parent.mkdir(parents=True, exist_ok=True)  # the servers' logs go there too

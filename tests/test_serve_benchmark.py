@@ -155,7 +155,7 @@ def test_margin_pricing_reads_every_cell_and_each_departure_once(tmp_path: Path)
     assert sorted(cells) == ["attnquant-bf16:on", "builtin-bf16:off"]
     assert margins.differences(cells["attnquant-bf16:on"]) == [(1, 3, "32", 7), (1, 3, "8", 7)]
     assert margins.cell_env("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+MODULAR_X=5") == {
-        "ATTNQUANT_LM_HEAD": "nvfp4", "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_CACHE": "0",
+        "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_LM_HEAD": "nvfp4", "ATTNQUANT_CACHE": "0",
     }  # fmt: skip
 
 

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
 from batch_invariance import prompt_texts  # noqa: E402
-from serve_benchmark import Cell  # noqa: E402
+from serve_benchmark import VARIANTS, Cell  # noqa: E402
 
 from attnquant.tools.verify import transformers_model  # noqa: E402
 
@@ -50,9 +50,8 @@ def read_results(path: Path) -> dict:
 def cell_env(spec: str) -> dict[str, str]:
     """The ATTNQUANT_* settings a cell served with (its weights)."""
     cell = Cell.parse(spec)
-    env = {k: v for k, v in cell.env.items() if k.startswith("ATTNQUANT_")}
-    env.setdefault("ATTNQUANT_QUANT", "nvfp4" if "nvfp4" in cell.variant else "none")
-    return {**env, "ATTNQUANT_CACHE": "0"}
+    env = {**VARIANTS[cell.variant][1], **cell.env}
+    return {**{k: v for k, v in env.items() if k.startswith("ATTNQUANT_")}, "ATTNQUANT_CACHE": "0"}
 
 
 @torch.no_grad()

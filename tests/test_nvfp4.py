@@ -112,7 +112,7 @@ def test_matches_reference_when_global_scale_saturates(max_fp4_reference: Module
 def test_matches_reference_on_a_large_bfloat16_tensor(max_fp4_reference: ModuleType) -> None:
     weight = gaussian(2048, 1024, 0.02).bfloat16()
     assert isinstance(
-        nvfp4._encoder_for(weight, torch.tensor(1e-5), [torch.arange(16, dtype=torch.uint8)]),
+        nvfp4._encoder_for(weight, torch.tensor(1e-5), torch.arange(16, dtype=torch.uint8)),
         nvfp4._TabulatedEncoder,
     )
     assert_matches_reference(max_fp4_reference, weight)

@@ -370,7 +370,7 @@ class _TabulatedEncoder:
 
 
 def _encoder_for(
-    weight: torch.Tensor, global_decode: torch.Tensor, scale_codes: list[torch.Tensor]
+    weight: torch.Tensor, global_decode: torch.Tensor, scale_codes: torch.Tensor
 ) -> _ElementEncoder:
     """The fastest exact encoder for this weight, covering these scale codes.
 
@@ -379,8 +379,7 @@ def _encoder_for(
     """
     if weight.dtype not in _TABLE_DTYPES:
         return _DirectEncoder(global_decode)
-    counts = sum(torch.bincount(codes.reshape(-1), minlength=256) for codes in scale_codes)
-    used = counts.nonzero().view(-1).to(torch.uint8)
+    used = torch.bincount(scale_codes.reshape(-1), minlength=256).nonzero().view(-1).to(torch.uint8)
     if weight.numel() < _TABLE_PAYOFF * len(used) * _TabulatedEncoder.COLUMNS:
         return _DirectEncoder(global_decode)
     return _TabulatedEncoder(weight.dtype, global_decode, used)
@@ -791,7 +790,7 @@ def quantize(
         candidates = _candidate_errors_for(weight, global_decode, scale_codes, window)
         search_rows = _search_chunk_rows(weight.device, k, window, chunk_rows)
         scale_codes = _searched_scale_codes(weight, scale_codes, candidates, search_rows, importance)
-    encoder = _encoder_for(weight, global_decode, [scale_codes])
+    encoder = _encoder_for(weight, global_decode, scale_codes)
 
     packed = torch.empty(n, k // 2, dtype=torch.uint8, device=weight.device)
     scratch = _Scratch(weight.device)

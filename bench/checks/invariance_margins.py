@@ -91,9 +91,10 @@ def main() -> None:
         first = sum(int(log_probs(model, prompts[i]).argmax()) == ids[0] for i, ids in enumerate(result["alone"]))
         print(f"<!-- {spec}: float32 greedy first token = GPU's alone for {first}/{len(result['alone'])} prompts -->")
         by_place: dict[tuple[int, int], list[str]] = {}
-        for prompt, pos, concurrency, _ in differences(result):
-            by_place.setdefault((prompt, pos), []).append(str(concurrency))
-        got = {(p, pos): tok for p, pos, _, tok in differences(result)}
+        got: dict[tuple[int, int], int | None] = {}
+        for prompt, pos, concurrency, token in differences(result):
+            by_place.setdefault((prompt, pos), []).append(concurrency)
+            got[(prompt, pos)] = token
         for (prompt, pos), concurrencies in sorted(by_place.items()):
             alone = result["alone"][prompt]
             lp = log_probs(model, prompts[prompt] + alone[:pos])

@@ -140,8 +140,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--reference", help="a cell (one of --cells) every other cell is also compared with")
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
-    add_launch_args(parser)
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
+    add_launch_args(parser)
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
     if args.reference is not None and args.reference not in args.cells:

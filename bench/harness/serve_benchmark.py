@@ -164,11 +164,10 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
 @contextlib.contextmanager
 def launch_slot(args: argparse.Namespace) -> Iterator[None]:
     """Holds ``--launch-lock`` (if given) for one server start and its settling."""
-    lock = getattr(args, "launch_lock", None)
-    if lock is None:
+    if args.launch_lock is None:
         yield
         return
-    with open(lock, "a") as handle:
+    with open(args.launch_lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -17,7 +17,6 @@ from max.pipelines.lib import PipelineConfig
 from transformers import AutoConfig
 from typing_extensions import Self
 
-
 from ..common.prepare import AttnQuantFields, attach_settings
 
 # Text-config fields MAX's Gemma4TextConfig reads that transformers'

@@ -32,7 +32,7 @@
 #      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
 # Override: PHASES (default "mtp big quantize"; also "invariance", "padding", "verify", "kernels", "big4b"),
-# WAIT_S (540), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
+# WAIT_S (540), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -72,7 +72,7 @@ invariance() {  # invariance NAME MODEL PORT ARENA% VARIANT...
 mtp() {
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" 2>&1 | tail -1
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
-    --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -1
+    --mtp-target "$WORK/g4-mtp" 2>&1 | tail -1
   # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
   # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
@@ -83,8 +83,7 @@ mtp() {
 }
 
 big_checkpoints() {  # while the first servers compile
-  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" \
-    --device cuda:0 2>&1 | tail -1
+  python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" 2>&1 | tail -1
   python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
   if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b 2>&1 | tail -1; fi
 }
@@ -113,8 +112,8 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
   if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
-    say "kernels"; ( flock "$LOCK" timeout 420 python3 "$HERE/../kernel_timing/kernels_h200.py" --out "$WORK/kernels" \
-      > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
+    say "kernels"; ( flock "$LOCK" timeout $(( ${KERNEL_BUDGET:-330} + 90 )) python3 "$HERE/../kernel_timing/kernels_h200.py" \
+      --out "$WORK/kernels" --budget "${KERNEL_BUDGET:-330}" ${KERNEL_ARGS:-} > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
     sleep 5
   fi
   ( if wants invariance; then

@@ -108,6 +108,7 @@ class Variant:
     sk: int = 1
     op_variant: int = -1
     pdl: bool = False  # launched with programmatic stream serialization (cuLaunchKernelEx)
+    diag: bool = False  # a diagnostic (not a GEMV): timed, never checked, never "best"
 
     @property
     def max_m(self) -> int:
@@ -132,6 +133,10 @@ VARIANTS = {
     "b6s1": Variant("bulk", 2, 4, 3, 2, 1, 6), "b6s2": Variant("bulk", 2, 4, 3, 2, 2, 6),
     "r7s1": Variant("reg2", 1, 1, sk=1, op_variant=7), "r7s2": Variant("reg2", 1, 1, sk=2, op_variant=7),
     "r7s4": Variant("reg2", 1, 1, sk=4, op_variant=7),
+    # gv0 / g4 with the next PF batches bulk-prefetched into L2 (fa: the whole slice up front).
+    "f1": Variant("reg", 1, 1), "f2": Variant("reg", 1, 1), "f4": Variant("reg", 1, 1),
+    "fa": Variant("reg", 1, 1), "h1": Variant("reg", 2, 1),
+    "ld0": Variant("reg", 1, 1, diag=True),  # gv0's weight loads alone: its access pattern's ceiling
 }  # fmt: skip
 OLD_DEFAULT = {1: "gv0", 2: "gv0", 4: "gv0", 8: "gv0", 16: "a5"}  # what variant -1 launches today
 
@@ -149,12 +154,19 @@ def bulk_smem_bytes(v: Variant, kw: int) -> int:
     return red_off + kw * v.tn * v.mt * 512
 
 
-def candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, int]]:
-    """(variant, kw) pairs for one cell; kw None = the kernel's own default."""
+def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = frozenset(),
+               extra_kw: tuple[int, ...] = ()) -> list[tuple[str, int]]:
+    """(variant, kw) pairs for one cell; kw 0 = the kernel's own default.
+    only: keep these variants (and the old default, the baseline); extra_kw:
+    more kw values for the register kernels (e.g. 6, 10, 12)."""
     kg = -(-k // 64)
     out: list[tuple[str, int]] = []
+    reg_kw = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
-        out += [("gv0", 0)] + ([] if quick else [("gv0", kw) for kw in (4, 8, 16)])
+        out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
+        for name in ("f1", "f2", "f4", "fa"):
+            out += [(name, 0)] + [(name, kw) for kw in reg_kw]
+        out += [("ld0", 0)]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]
         for name in ("b3s1", "b3s2", "b3s4", "b4s1", "b4s2", "b4s4", "b8s1", "b8s2", "p3s1", "p3s2", "p4s4"):
@@ -163,10 +175,12 @@ def candidates(m: int, n: int, k: int, quick: bool) -> list[tuple[str, int]]:
         out += [("a5", 0), ("g4", 0)] + ([] if quick else [("a5", kw) for kw in (4, 8)])
         for name in ("b5s1", "b5s2", "b6s1", "b6s2"):
             out += [(name, kw) for kw in ((2, 4) if quick else (2, 4, 8))]
-        out += [("b3s1", 4), ("b3s2", 4)]
+        out += [("b3s1", 4), ("b3s2", 4)] + [("h1", 0)] + [("h1", kw) for kw in reg_kw]
     keep = []
     for name, kw in out:
         v = VARIANTS[name]
+        if only and name not in only and name != OLD_DEFAULT[m]:
+            continue
         if kw and kw * v.sk > kg:  # every warp needs a k-group
             continue
         if v.kind == "bulk" and bulk_smem_bytes(v, kw or 4) > 160 * 1024:
@@ -400,7 +414,7 @@ def check_correctness(ks: Kernels, gen: torch.Generator, log, exclude=(), progre
         w = dequant_ref(packed, sb, gs_val)
         for m in (1, 3, 9, 17):
             for name in VARIANTS:
-                if name not in ks.funcs or name in exclude:
+                if name not in ks.funcs or name in exclude or VARIANTS[name].diag:
                     continue
                 for kw in (0, 2) if VARIANTS[name].kind in ("bulk", "reg2") else (0,):
                     if progress is not None:
@@ -521,6 +535,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--budget", type=float, default=330.0, help="seconds for the whole run (guard)")
     ap.add_argument("--quick", action="store_true", help="fewer kw candidates")
+    ap.add_argument("--only", default="", help="comma-separated variants to time (the old default always is)")
+    ap.add_argument("--extra-kw", default="", help="comma-separated extra kw values for the register kernels")
     ap.add_argument("--ncu", choices=("auto", "off"), default="auto")
     ap.add_argument("--dry-run", action="store_true", help="CPU, reference kernel: checks the script's flow only")
     ap.add_argument("--check-child", help=argparse.SUPPRESS)  # internal: run the correctness block, write progress here
@@ -626,7 +642,9 @@ def main() -> None:
             ys16 = [torch.empty(m, n, dtype=torch.bfloat16, device=dev) for _ in range(r16)]
             bf16_us = float(np.median(time_graph(lambda: [torch.matmul(x, w.T, out=y) for w, y in zip(w16, ys16)]))) * 1e3 / r16
             cell = []
-            for name, kw in candidates(m, n, k, args.quick):
+            only = frozenset(filter(None, args.only.split(",")))
+            extra_kw = tuple(int(v) for v in filter(None, args.extra_kw.split(",")))
+            for name, kw in candidates(m, n, k, args.quick, only, extra_kw):
                 if name not in ks.funcs or name in broken:
                     continue
                 watchdog.tick(f"[{n},{k}] M={m} kw={kw} {name}")
@@ -650,7 +668,10 @@ def main() -> None:
                 row["x_max"] = row["max_bf16_us"] / us if row["max_bf16_us"] else None
                 rows.append(row)
                 record(row)
-                if err < 1e-2:
+                if VARIANTS[name].diag:
+                    log(f"DIAG {NAMES[(n, k)]} [{n},{k}] M={m}: {name} kw={used} {us:.2f} us "
+                        f"{tbs:.2f} TB/s {row['pct_copy']:.0f}% copy")
+                elif err < 1e-2:
                     cell.append(row)
             if not cell:
                 log(f"[{n},{k}] M={m}: no valid variant")

@@ -467,3 +467,45 @@ def test_load_lines_report_coverage_and_shared_kv(served) -> None:
     assert expected[name] in load, load
     assert "attnquant gemma4: 26 projections in 4 layers" in log
     assert "2 layers share k and v (attention_k_eq_v, no v_proj): [1, 3]" in log
+
+
+def test_mtp_model_config_carries_the_settings(
+    custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX's MTP model builds its config with MAX's own class
+    (``Gemma4ForConditionalGenerationConfig.initialize``, not
+    ``model_config_cls``), so nothing of ours has attached the ATTNQUANT_*
+    settings when ``_create_model_config`` prepares the target: ours must
+    (on the H200 it stopped with "no attribute 'attnquant'"). MAX's body is
+    stood in for by its config class filled from ours (MAX's own parse
+    refuses float32 on CPU)."""
+    import dataclasses
+
+    from max.driver import CPU
+    from max.pipelines.architectures.gemma4.model_config import Gemma4ForConditionalGenerationConfig
+    from max.pipelines.architectures.unified_mtp_gemma4_modulev3.model import UnifiedMTPGemma4ModuleV3Model
+
+    from models.gemma4.model import LANGUAGE_PREFIX
+    from models.gemma4.speculative import AttnQuantUnifiedMTPGemma4Model
+
+    for key, value in {**CONFIGS["nvfp4"], "ATTNQUANT_CACHE": "0"}.items():
+        monkeypatch.setenv(key, value)
+    ours = _model_config(gemma4_dir)
+    maxs = Gemma4ForConditionalGenerationConfig(**{
+        f.name: getattr(ours, f.name) for f in dataclasses.fields(Gemma4ForConditionalGenerationConfig) if f.init
+    })  # fmt: skip
+    assert not hasattr(maxs, "attnquant")
+    monkeypatch.setattr(UnifiedMTPGemma4ModuleV3Model, "_create_model_config", lambda self, state_dict: maxs)
+    model = object.__new__(AttnQuantUnifiedMTPGemma4Model)
+    model.devices = [CPU()]
+    model.weights = SimpleNamespace(_filepaths=[gemma4_dir / "model.safetensors"])
+    model.pipeline_config = SimpleNamespace(runtime=SimpleNamespace(device_graph_capture=False))
+    model._target_state_dict = {
+        name.removeprefix("model.language_model."): tensor
+        for name, tensor in load_state_dict(gemma4_dir).items()
+        if name.startswith("model.language_model.")
+    }
+    config = model._create_model_config({})
+    assert config.attnquant.quant == ours.attnquant.quant == "nvfp4"
+    assert model._served_target["layers.0.mlp.down_proj.weight"].dtype == torch.uint8
+    assert {f"{LANGUAGE_PREFIX}layers.0.mlp.down_proj", f"{LANGUAGE_PREFIX}layers.0.self_attn.qkv_proj"} <= set(model._projection_plan)

@@ -32,7 +32,8 @@
 #      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
 # Override: PHASES (default "mtp big quantize"; also "invariance", "padding", "verify", "kernels", "big4b"),
-# WAIT_S (540), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
+# WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -76,7 +77,7 @@ mtp() {
   # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
   # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
-    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" \
+    --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:off+ARENA_GIB=23" \
     --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1

@@ -136,7 +136,10 @@ VARIANTS = {
     # gv0 / g4 with the next PF batches bulk-prefetched into L2 (fa: the whole slice up front).
     "f1": Variant("reg", 1, 1), "f2": Variant("reg", 1, 1), "f4": Variant("reg", 1, 1),
     "fa": Variant("reg", 1, 1), "h1": Variant("reg", 2, 1),
-    "ld0": Variant("reg", 1, 1, diag=True),  # gv0's weight loads alone: its access pattern's ceiling
+    "g3": Variant("reg", 1, 1),  # gv0 with 8 k-groups per batch (80 registers)
+    # gv0's weight loads alone, 4, 8 or 16 k-groups per batch: the access pattern's own ceiling.
+    "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
+    "ld16": Variant("reg", 1, 1, diag=True),
 }  # fmt: skip
 OLD_DEFAULT = {1: "gv0", 2: "gv0", 4: "gv0", 8: "gv0", 16: "a5"}  # what variant -1 launches today
 
@@ -164,9 +167,8 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
     reg_kw = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
         out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
-        for name in ("f1", "f2", "f4", "fa"):
+        for name in ("f1", "f2", "f4", "fa", "g3", "ld0", "ld8", "ld16"):
             out += [(name, 0)] + [(name, kw) for kw in reg_kw]
-        out += [("ld0", 0)]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]
         for name in ("b3s1", "b3s2", "b3s4", "b4s1", "b4s2", "b4s4", "b8s1", "b8s2", "p3s1", "p3s2", "p4s4"):

@@ -170,11 +170,12 @@ def h1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: In
     nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
-def ld0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    """Diagnostic, not a GEMV: gv0's grid, warps and weight loads (4 k-groups
-    per batch, 16 code bytes + 2 scale bytes per lane per group) with no
-    decode or mma; the words are XORed and a never-true test keeps them.
-    Its time is what gv0's access pattern costs by itself."""
+@always_inline
+def _loads_only[U: Int](y: BF, c: U8, s: U8, m: Int64, nt: Int64, kg: Int64, kw: Int64):
+    """Diagnostic, not a GEMV: gv0's grid and warps and its weight loads (U
+    k-groups per batch, 16 code bytes + 2 scale bytes per lane per group)
+    with no decode or mma; the words are XORed and a never-true test keeps
+    them. Its time is what that access pattern costs by itself."""
     var lane = Int(lane_id())
     var kwi = Int(thread_idx.x) // 32
     var kgc = Int(kg)
@@ -184,16 +185,37 @@ def ld0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
     var begin = (kwi * kgc) // Int(kw)
     var end = ((kwi + 1) * kgc) // Int(kw)
     var acc = UInt32(0)
+    var opaque_zero = UInt32(Int(kw) >> 40)  # as in gv0: keeps all U loads of a batch in flight
     var i = begin
     while i < end:
-        var nb = min(4, end - i)
-        comptime for u in range(4):
+        var nb = min(U, end - i)
+        var wv = Array[SIMD[DType.uint32, 4], U](fill=SIMD[DType.uint32, 4](0))
+        var sv = Array[UInt32, U](fill=0)
+        comptime for u in range(U):
             if u < nb:
-                var w = _ldg_stream_v4(cp.unsafe_offset((i + u) * 512))
-                acc ^= w[0] ^ w[1] ^ w[2] ^ w[3] ^ _ldg_stream_u16(sp.unsafe_offset((i + u) * 64))
-        i += 4
+                wv[u] = _ldg_stream_v4(cp.unsafe_offset((i + u) * 512))
+                sv[u] = _ldg_stream_u16(sp.unsafe_offset((i + u) * 64))
+        var dep = UInt32(0)
+        comptime for u in range(1, U):
+            dep |= wv[u][0] | sv[u]
+        wv[0][0] ^= dep & opaque_zero
+        comptime for u in range(U):
+            acc ^= wv[u][0] ^ wv[u][1] ^ wv[u][2] ^ wv[u][3] ^ sv[u]
+        i += U
     if acc == UInt32(0x9E3779B9) and Int(m) < 0:
         y.unsafe_store(0, BFloat16(0))
+
+
+def ld0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    _loads_only[4](y, c, s, m, nt, kg, kw)
+
+
+def ld8(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    _loads_only[8](y, c, s, m, nt, kg, kw)
+
+
+def ld16(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    _loads_only[16](y, c, s, m, nt, kg, kw)
 
 
 def nul(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
@@ -248,6 +270,8 @@ def main() raises:
         ctx.enqueue_function[f4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[fa](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[h1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[ld8](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[ld16](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ld0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[nul](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[dq](b.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, grid_dim=1, block_dim=32)

@@ -45,7 +45,7 @@ from .model import (
     prepare_language_weights,
     use_projections,
 )
-from ..common.prepare import single_device_mesh
+from ..common.prepare import attach_settings, single_device_mesh
 from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
@@ -123,7 +123,9 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
         single_device_mesh(self.devices)
         if not self.devices[0].is_host:
             logger.warning(MTP_ON_GPU_UNVERIFIED)
-        config = super()._create_model_config(state_dict)
+        # MAX's body parses with its own config class, not model_config_cls:
+        # the settings are ours to attach.
+        config = attach_settings(super()._create_model_config(state_dict))
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.
         self._served_target, self._projection_plan = prepare_target_weights(

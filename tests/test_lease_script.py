@@ -72,3 +72,4 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
     accepted = set(re.findall(r"--[\w-]+", done.stdout))
     unknown = [o for o in options if o not in accepted]
     assert not unknown, f"{' '.join(command[1:])} does not accept {unknown}"
+

@@ -28,10 +28,12 @@
 #   7. beside the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
 #      random weights cut to G27_LAYERS layers for the disk): ours serving its own
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
-#      ours NVFP4 + capture and MAX's built-in bf16, c=1 and c=8, one image request
+#      ours NVFP4 + capture and ours bf16 + capture (BUILTIN27=1: MAX's built-in bf16
+#      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image); PHASES with
 #      "big4b" adds the 4B geometry (built-in against ours NVFP4).
-# Override: PHASES (default "mtp big quantize"; also "invariance", "padding", "verify", "kernels", "big4b"),
+# Override: PHASES (default "mtp big"; also "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
+# BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
 # the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
@@ -44,7 +46,7 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
-PHASES="${PHASES:-mtp big quantize}"
+PHASES="${PHASES:-mtp big}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
@@ -91,10 +93,12 @@ big_checkpoints() {  # while the first servers compile
 
 big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
   # Beside the MTP servers (3 x 23 GiB): 26 + 31 GiB, compiling side by side.
+  local bf16_27b="attnquant-bf16:on"
+  [ -n "${BUILTIN27:-}" ] && bf16_27b="builtin-bf16:off"
   # Then ours serving its own ModelOpt export.
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --sessions 1 --image --launch-lock "$WORK/launch.lock" \
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8700 --gpu-lock "$LOCK" \
-    --cells "attnquant-nvfp4:on+ARENA_GIB=26" "builtin-bf16:off+ARENA_GIB=31" \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=26" "$bf16_27b+ARENA_GIB=31" \
     --out "$WORK/g3-27b-bench/results.jsonl" > "$WORK/big-27b.txt" 2>&1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-27b" --export "$WORK/g3-27b-mlp-nvfp4" --sessions 1 --image \
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8710 --gpu-lock "$LOCK" \

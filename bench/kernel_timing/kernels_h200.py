@@ -714,6 +714,23 @@ def main() -> None:
     print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log)
 
 
+def load_only_fit(rows: list[dict], m: int = 1) -> tuple[float, float, int] | None:
+    """Least-squares fit of the load-only diagnostics' best time per shape at
+    row count m: t = bytes / stream + fixed. Returns (stream TB/s, fixed us,
+    shapes), or None with fewer than two shapes."""
+    best: dict[tuple[int, int], float] = {}
+    for r in rows:
+        if VARIANTS[r["variant"]].diag and r["m"] == m:
+            key = (r["n"], r["k"])
+            best[key] = min(best.get(key, math.inf), r["us"])
+    if len(best) < 2:
+        return None
+    mbytes = np.array([n * k * FP4_BYTES_PER_WEIGHT / 1e6 for n, k in best])
+    design = np.vstack([mbytes, np.ones_like(mbytes)]).T
+    (us_per_mb, fixed_us), *_ = np.linalg.lstsq(design, np.array(list(best.values())), rcond=None)
+    return 1.0 / us_per_mb, float(fixed_us), len(best)
+
+
 def print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log) -> None:
     log(f"\n== {len(rows)} timed configurations; copy {copy_tbs:.2f} TB/s, read-only {read_tbs:.2f} TB/s, "
         f"launch floor {floor_us:.2f} us; variants failing correctness: {sorted(broken) or 'none'}")
@@ -738,6 +755,13 @@ def print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log
     miss2m = [f"{r['name']} M={r['m']} {r['x_max']:.2f}x" for r in with_max if r["x_max"] < 1.5]
     log(f"target 2 against MAX bf16's 2026-11-29 figures (1B, M=1/4/16 only): "
         f"{'met' if with_max and not miss2m else 'missed: ' + ', '.join(miss2m)}")
+    fit = load_only_fit(rows)
+    if fit:
+        stream, fixed, shapes = fit
+        reachable = [NAMES[s] for s in SHAPES_31B
+                     if s[0] * s[1] * FP4_BYTES_PER_WEIGHT / 1e6 / (0.85 * copy_tbs) > fixed + s[0] * s[1] * FP4_BYTES_PER_WEIGHT / 1e6 / stream]
+        log(f"load-only fit at M=1 over {shapes} shapes: t = bytes / {stream:.2f} TB/s + {fixed:.2f} us per launch; "
+            f"31B shapes where one launch could reach 85% of copy: {reachable or 'none'}")
     if budget.skipped:
         log(f"skipped for the budget: {budget.skipped}")
 

@@ -475,9 +475,10 @@ def nvfp4_gemv_sm90_kernel[
     buffering (twice the registers, half the warps) and a cp.async ring
     (fewer warps, same latency-bound issue rate).
 
-    PF > 0: lane 0 also keeps the warp's next PF batches on their way into L2
-    (bulk prefetch), so each batch's register loads wait on L2 rather than
-    DRAM; PF larger than the slice prefetches the whole slice up front."""
+    PF > 0 (bench harness only; slower on the H200, docs/dev/kernels.md): lane
+    0 also keeps the warp's next PF batches on their way into L2 (bulk
+    prefetch), meant to let each batch's register loads wait on L2 rather
+    than DRAM; PF larger than the slice prefetches the whole slice up front."""
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
     var nw = warp % NW

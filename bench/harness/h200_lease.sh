@@ -15,8 +15,8 @@
 #      270M (those two and MAX's built-in bf16);
 #   3. once those servers are done (their graphs then start from MAX's
 #      cache), ours bf16 + capture against ours NVFP4 + capture at one row, one
-#      server session (bench/harness/serve_benchmark.py, the canonical c=1
-#      harness); PADDING_OFF=1 adds ours bf16 with ATTNQUANT_ROW_PADDING=0;
+#      server session, and ours NVFP4 with the NVFP4 output head (ATTNQUANT_LM_HEAD=nvfp4)
+#      (bench/harness/serve_benchmark.py, the canonical c=1 harness); PADDING_OFF=1 adds ours bf16 with ATTNQUANT_ROW_PADDING=0;
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
 #   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
 #      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
@@ -132,7 +132,7 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
-        --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" ${PADDING_OFF:+"attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8"} \
+        --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4${MM}=8" ${PADDING_OFF:+"attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8"} \
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"

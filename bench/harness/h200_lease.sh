@@ -30,8 +30,9 @@
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
 #      ours NVFP4 + capture and ours bf16 + capture (BUILTIN27=1: MAX's built-in bf16
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
-#      each (--image); PHASES with
-#      "big4b" adds the 4B geometry (built-in against ours NVFP4).
+#      each (--image);
+#   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
+#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
 # Override: PHASES (default "mtp big"; also "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
@@ -86,12 +87,13 @@ mtp() {
 }
 
 big_checkpoints() {  # while the first servers compile
+  if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b 2>&1 | tail -1; fi
+  wants big || return 0
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-27b" --geometry 27b --layers "${G27_LAYERS:-10}" 2>&1 | tail -1
   python3 -m attnquant quantize "$WORK/g3-27b" --out "$WORK/g3-27b-mlp-nvfp4" --ignore self_attn --no-progress 2>&1 | tail -2
-  if wants big4b; then python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-4b" --geometry 4b 2>&1 | tail -1; fi
 }
 
-big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tower
+big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
   # Beside the MTP servers (3 x 23 GiB): 26 + 31 GiB, compiling side by side.
   local bf16_27b="attnquant-bf16:on"
   [ -n "${BUILTIN27:-}" ] && bf16_27b="builtin-bf16:off"
@@ -104,18 +106,20 @@ big() {  # 27B, then 4B: each text+vision server plans 15 GiB for the vision tow
     --trials "${TRIALS:-2}" --concurrency 1 8 --memory-fraction 0.95 --port-base 8710 --gpu-lock "$LOCK" \
     --cells "attnquant-modelopt:on+ARENA_GIB=26" \
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
-  wants big4b || return 0
+}
+
+big4b() {  # after the padding phase's servers have stopped: 24 + 28 GiB beside MTP's 3 x 23
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
     --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
     > "$WORK/big-4b.txt" 2>&1
 }
 
-run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, quantize
+run() {  # three chains: A invariance -> padding -> 4B; B MTP -> 27B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
-  if wants big; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
+  if wants big || wants big4b; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
     say "kernels"; ( flock "$LOCK" timeout $(( ${KERNEL_BUDGET:-330} + 90 )) python3 "$HERE/../kernel_timing/kernels_h200.py" \
       --out "$WORK/kernels" --budget "${KERNEL_BUDGET:-330}" ${KERNEL_ARGS:-} > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
@@ -136,6 +140,9 @@ run() {  # three chains: A invariance -> padding; B MTP -> 27B/4B; C verify, qua
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"
+    fi
+    if wants big4b; then
+      wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big4b"; big4b; say "big4b done"
     fi ) &
   # MTP and the big models compile side by side: one compile takes 10-15
   # minutes on the device's host, so one after the other outlasts a lease.

@@ -184,3 +184,28 @@ def test_starts_sharing_a_launch_lock_come_one_at_a_time_each_settled(monkeypatc
     assert len(spans) == 3
     for (_, end), (next_begin, _) in zip(spans, spans[1:]):
         assert next_begin - end >= 0.2  # the settling, under the lock
+
+
+def test_word_prompts_are_distinct_words_the_random_tokenizers_know(tmp_path) -> None:
+    """English prompts are all <unk> to the random checkpoints' word tokenizers; word prompts are not."""
+    from tests.gemma4_fixtures import SPECIAL_TOKENS
+
+    invariance = bench_module("batch_invariance")
+    tokenizer = bench_module("random_checkpoint").write_word_tokenizer(
+        tmp_path, 262144, SPECIAL_TOKENS, "", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
+    )  # fmt: skip
+    unk = tokenizer.unk_token_id
+    prompts = invariance.prompt_texts(32, words=True)
+    encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+    assert len({tuple(ids) for ids in encoded}) == 32
+    assert all(len(ids) == invariance.WORDS_PER_PROMPT and unk not in ids for ids in encoded)
+    assert min(min(ids) for ids in encoded) > len(SPECIAL_TOKENS)  # no special token, no bare "▁"
+    english = tokenizer(invariance.prompt_texts(1)[0], add_special_tokens=False).input_ids
+    assert set(english) == {unk}  # what made every completion <pad>
+
+
+def test_completions_that_ignore_their_prompts_are_flagged() -> None:
+    invariance = bench_module("batch_invariance")
+    assert "ignores the prompts" in invariance.uninformative([[0] * 48] * 16)
+    assert invariance.uninformative([[0] * 48, [0] * 47 + [5]]) is None
+    assert invariance.uninformative([[7, 8]]) is None  # one prompt: nothing to tell from

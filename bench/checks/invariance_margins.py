@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--cells", nargs="*", help="cells to price (default: every attnquant cell)")
+    parser.add_argument("--prompt-words", action="store_true", help="the run used batch_invariance.py --prompt-words")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -87,7 +88,7 @@ def main() -> None:
     for spec in specs:
         result = results[spec]
         model = transformers_model(args.model, cell_env(spec))
-        prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]))]
+        prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]), args.prompt_words)]
         first = sum(int(log_probs(model, prompts[i]).argmax()) == ids[0] for i, ids in enumerate(result["alone"]))
         print(f"<!-- {spec}: float32 greedy first token = GPU's alone for {first}/{len(result['alone'])} prompts -->")
         by_place: dict[tuple[int, int], list[str]] = {}

@@ -53,9 +53,33 @@ PROMPT_TOPICS = (
 )
 
 
-def prompt_texts(n: int) -> list[str]:
-    """The ``n`` distinct prompts every run sends (bench/checks/invariance_margins.py replays them)."""
+WORDS_PER_PROMPT = 8
+
+
+def prompt_texts(n: int, words: bool = False) -> list[str]:
+    """The ``n`` distinct prompts a run sends (bench/checks/invariance_margins.py replays them).
+
+    ``words``: prompts of the words ``w<id>`` that the random checkpoints'
+    word tokenizers know (bench/checkpoints/random_checkpoint.py). English
+    text is all ``<unk>`` to them, whose embedding row is zero: every
+    prompt then reads as the same zeros and every completion is ``<pad>``.
+    """
+    if words:  # ids spread over the vocabulary, clear of the specials (< 21)
+        return [" ".join(f"w{1000 + (7919 * (i * WORDS_PER_PROMPT + j)) % 200_000}" for j in range(WORDS_PER_PROMPT))
+                for i in range(n)]  # fmt: skip
     return [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[:n]]
+
+
+def uninformative(alone: list[list[int]]) -> str | None:
+    """Why comparisons against these completions cannot fail, or None.
+
+    Distinct prompts that all complete to the same ids mean the model ignores
+    them (a random checkpoint fed words its tokenizer lacks): any two cells
+    then agree whether or not they compute the same thing.
+    """
+    if len(alone) > 1 and all(ids == alone[0] for ids in alone):
+        return f"all {len(alone)} prompts complete to the same ids {alone[0][:6]}...: the model ignores the prompts"
+    return None
 
 
 @dataclass
@@ -130,6 +154,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--cells", nargs="+", required=True)
     parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompt-words", action="store_true",
+                        help="prompts of w<id> words (the random checkpoints' word tokenizers know nothing else)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--max-batch-size", type=int, default=64)
@@ -148,7 +174,7 @@ def main() -> None:
         parser.error(f"--reference {args.reference} is not one of --cells")
     # SIGTERM (h200_lease.sh stop) unwinds through the finally below, which stops the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    prompts = prompt_texts(args.prompts)
+    prompts = prompt_texts(args.prompts, args.prompt_words)
     cells = sorted((Cell.parse(spec) for spec in args.cells), key=lambda c: c.spec != args.reference)
     if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
         parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
@@ -178,6 +204,10 @@ def main() -> None:
                 continue
             if cell.spec == args.reference:
                 reference = alone
+            why = uninformative([g.ids for g in alone])
+            if why:
+                results[cell.spec]["uninformative"] = why
+                print(f"WARNING {cell.spec}: {why}; its comparisons cannot fail (--prompt-words?)", flush=True)
             args.out.write_text(json.dumps(results, indent=1))
             for concurrency, rows in results[cell.spec]["batched"].items():
                 print(summary_row(cell.spec, concurrency, rows), flush=True)
@@ -189,6 +219,9 @@ def main() -> None:
     for spec, result in results.items():
         for concurrency, rows in result["batched"].items():
             print(summary_row(spec, concurrency, rows))
+    for spec, result in results.items():
+        if "uninformative" in result:
+            print(f"UNINFORMATIVE {spec}: {result['uninformative']}")
     if args.reference is not None:
         print(f"\nagainst {args.reference} alone (concurrency 1 = each request alone)")
         print("| cell | concurrency | identical to the reference | first differences (position, margin nats) |\n|---|---|---|---|")

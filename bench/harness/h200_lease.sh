@@ -33,7 +33,7 @@
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
-# Override: PHASES (default "mtp big"; also "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
 # the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
@@ -47,7 +47,7 @@ OUT="${OUT:-/tmp/out}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
-PHASES="${PHASES:-mtp big}"
+PHASES="${PHASES:-mtp}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
@@ -82,7 +82,7 @@ mtp() {
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
     --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:off+ARENA_GIB=23" \
-    --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
+    --prompt-words --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
 

@@ -33,6 +33,8 @@
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
+# With "mtp", phases 2, 3 and 8 start once MTP is done (compiles side by side slow
+# each other down); "big" still compiles beside MTP.
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
@@ -54,8 +56,8 @@ export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
 MM="+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"  # a cell's own arena
 
 say() { echo "$(date +%T) $*" | tee -a "$WORK/progress.log"; }
-wait_for() {  # wait_for FILE TEXT: until FILE holds TEXT (at most 15 minutes)
-  local deadline=$(( SECONDS + 900 ))
+wait_for() {  # wait_for FILE TEXT [SECONDS]: until FILE holds TEXT (at most SECONDS, 900)
+  local deadline=$(( SECONDS + ${3:-900} ))
   until grep -qs "$2" "$1" || (( SECONDS > deadline )); do sleep 5; done
 }
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
@@ -115,7 +117,7 @@ big4b() {  # after the padding phase's servers have stopped: 24 + 28 GiB beside 
     > "$WORK/big-4b.txt" 2>&1
 }
 
-run() {  # three chains: A invariance -> padding -> 4B; B MTP -> 27B; C verify, quantize
+run() {  # three chains: A (after MTP) invariance -> padding -> 4B; B MTP -> 27B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
@@ -125,7 +127,10 @@ run() {  # three chains: A invariance -> padding -> 4B; B MTP -> 27B; C verify, 
       --out "$WORK/kernels" --budget "${KERNEL_BUDGET:-330}" ${KERNEL_ARGS:-} > "$WORK/kernels.txt" 2>&1; say "kernels done" ) &
     sleep 5
   fi
-  ( if wants invariance; then
+  # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
+  # a 1B server beside five others compiled in 10 minutes, alone in ~4.
+  ( if wants mtp; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
+    if wants invariance; then
       say "invariance"
       # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
       invariance 1b "$WORK/g3-1b" 8300 8 attnquant-bf16:on attnquant-nvfp4:on &

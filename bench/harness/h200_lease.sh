@@ -67,10 +67,11 @@ checkpoints() {
   ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
 }
 
-invariance() {  # invariance NAME MODEL PORT ARENA% VARIANT...
-  local name="$1" model="$2" port="$3" arena="$4"; shift 4
+invariance() {  # invariance NAME MODEL PORT ARENA% words|text VARIANT...
+  local name="$1" model="$2" port="$3" arena="$4" prompts=(); shift 4
+  [ "$1" = words ] && prompts=(--prompt-words); shift  # a random checkpoint's word tokenizer
   local cells=(); for v in "$@"; do cells+=("$v${MM}=$arena"); done
-  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$model" --port-base "$port" --cells "${cells[@]}" \
+  OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$model" --port-base "$port" --cells "${cells[@]}" "${prompts[@]}" \
     --prompts 32 --tokens 64 --concurrency 8 32 64 --max-batch-size 64 --memory-fraction 0.6 \
     --out "$WORK/invariance-$name/results.json" > "$WORK/invariance-$name.txt" 2>&1
 }
@@ -133,8 +134,8 @@ run() {  # three chains: A (after MTP) invariance -> padding -> 4B; B MTP -> 27B
     if wants invariance; then
       say "invariance"
       # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
-      invariance 1b "$WORK/g3-1b" 8300 8 attnquant-bf16:on attnquant-nvfp4:on &
-      invariance 270m "$WORK/g3-270m" 8310 5 ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
+      invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on &
+      invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
       wait
     fi
     say "invariance done"

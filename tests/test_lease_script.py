@@ -1,4 +1,6 @@
-"""The H200 lease script's Python calls use only options their scripts accept.
+"""The H200 lease script: its Python calls use only options their scripts
+accept, and its phases run in the order and with the prompts they should
+(the script run with stub commands).
 
 A lease is the one chance a session has to run these commands, and an option
 a script no longer takes ends that phase at its first line (argparse exits
@@ -73,3 +75,35 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
     unknown = [o for o in options if o not in accepted]
     assert not unknown, f"{' '.join(command[1:])} does not accept {unknown}"
 
+
+
+def _run_with_stubs(tmp_path: Path, phases: str) -> tuple[list[str], list[str]]:
+    """Runs the lease script with python3 and nvidia-smi replaced by stubs
+    that log their arguments: (progress lines, python3 calls), in order."""
+    stubs, work = tmp_path / "stubs", tmp_path / "work"
+    stubs.mkdir()
+    work.mkdir()
+    calls = work / "calls.log"
+    (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $*" >> {calls}\nsleep 0.3\n')
+    (stubs / "nvidia-smi").write_text("#!/bin/bash\necho gpu\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "PHASES": phases,
+           "WORK": str(work), "OUT": str(tmp_path / "out")}  # fmt: skip
+    subprocess.run(["bash", str(LEASE), "run"], env=env, check=True, timeout=120, capture_output=True)
+    progress = [line.split(" ", 1)[1] for line in (work / "progress.log").read_text().splitlines()]
+    return progress, calls.read_text().splitlines()
+
+
+def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_path: Path) -> None:
+    """Servers compiling beside MTP's slow both; a random checkpoint's word
+    tokenizer reads English prompts as <unk> (every completion then alike)."""
+    progress, calls = _run_with_stubs(tmp_path, "mtp invariance padding big4b")
+    assert progress.index("mtp done") < progress.index("invariance") < progress.index("padding")
+    assert progress.index("padding done") < progress.index("big4b") and progress[-1] == "all done"
+    invariance = {c.split("--model ")[1].split()[0].rsplit("/", 1)[-1]: c for c in calls if "batch_invariance.py" in c}
+    assert set(invariance) == {"g4", "g3-1b", "g3-270m"}
+    assert "--prompt-words" in invariance["g4"] and "--prompt-words" in invariance["g3-1b"]
+    assert "--prompt-words" not in invariance["g3-270m"]  # the real 270M's own tokenizer
+    padding = next(c for c in calls if "serve_benchmark.py" in c and "g3-1b" in c)
+    assert "ATTNQUANT_LM_HEAD=nvfp4" in padding

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+from batch_invariance import prompt_texts  # noqa: E402
 from serve_benchmark import MAX_CLI, REPO, Greedy, greedy_completion, stop, wait_ready  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -63,10 +64,12 @@ def main() -> int:
     parser.add_argument("target", type=Path)
     parser.add_argument("assistant", type=Path)
     parser.add_argument("mtp_twin", type=Path)
-    parser.add_argument("--prompt", action="append", help="(repeatable) default: a known-word and an unknown-word prompt")
+    parser.add_argument("--prompt", action="append", help="(repeatable) default: two of batch_invariance.py's word prompts")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.mkdtemp(prefix="mtp-cpu-")))
     args = parser.parse_args()
-    prompts = args.prompt or ["w100 w200 w300", "w5 w6"]
+    # Words the random checkpoint's tokenizer knows: others are <unk>, a zero
+    # embedding row, and every completion would be <pad> whatever the path computes.
+    prompts = args.prompt or prompt_texts(2, words=True)
     # Both servers quantize the same way: NVFP4 unless ATTNQUANT_QUANT says otherwise.
     quant = os.environ.get("ATTNQUANT_QUANT", "nvfp4")
     env = {"HF_HUB_OFFLINE": "1", "MAX_SERVE_DISABLE_TELEMETRY": "1", "ATTNQUANT_QUANT": quant}

@@ -76,7 +76,6 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
     assert not unknown, f"{' '.join(command[1:])} does not accept {unknown}"
 
 
-
 def _run_with_stubs(tmp_path: Path, phases: str) -> tuple[list[str], list[str]]:
     """Runs the lease script with python3 and nvidia-smi replaced by stubs
     that log their arguments: (progress lines, python3 calls), in order."""

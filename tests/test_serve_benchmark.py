@@ -191,9 +191,8 @@ def test_word_prompts_are_distinct_words_the_random_tokenizers_know(tmp_path) ->
     from tests.gemma4_fixtures import SPECIAL_TOKENS
 
     invariance = bench_module("batch_invariance")
-    tokenizer = bench_module("random_checkpoint").write_word_tokenizer(
-        tmp_path, 262144, SPECIAL_TOKENS, "", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>"}
-    )  # fmt: skip
+    random_checkpoint = bench_module("random_checkpoint")
+    tokenizer = random_checkpoint.write_word_tokenizer(tmp_path, 262144, SPECIAL_TOKENS, "", random_checkpoint.GEMMA_ROLES)
     unk = tokenizer.unk_token_id
     prompts = invariance.prompt_texts(32, words=True)
     encoded = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]

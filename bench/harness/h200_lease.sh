@@ -111,7 +111,7 @@ big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
 }
 
-big4b() {  # after the padding phase's servers have stopped: 24 + 28 GiB beside MTP's 3 x 23
+big4b() {  # after the padding phase's servers (and MTP's, if run) have stopped: 24 + 28 GiB
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
     --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \

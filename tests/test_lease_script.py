@@ -98,11 +98,19 @@ def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_pat
     """Servers compiling beside MTP's slow both; a random checkpoint's word
     tokenizer reads English prompts as <unk> (every completion then alike)."""
     progress, calls = _run_with_stubs(tmp_path, "mtp invariance padding big4b")
-    assert progress.index("mtp done") < progress.index("invariance") < progress.index("padding")
-    assert progress.index("padding done") < progress.index("big4b") and progress[-1] == "all done"
+    assert progress.index("mtp done") < progress.index("padding") < progress.index("padding done")
+    assert progress.index("padding done") < progress.index("invariance") < progress.index("invariance done")
+    assert progress.index("invariance done") < progress.index("big4b") and progress[-1] == "all done"
     invariance = {c.split("--model ")[1].split()[0].rsplit("/", 1)[-1]: c for c in calls if "batch_invariance.py" in c}
     assert set(invariance) == {"g4", "g3-1b", "g3-270m"}
     assert "--prompt-words" in invariance["g4"] and "--prompt-words" in invariance["g3-1b"]
     assert "--prompt-words" not in invariance["g3-270m"]  # the real 270M's own tokenizer
     padding = next(c for c in calls if "serve_benchmark.py" in c and "g3-1b" in c)
     assert "ATTNQUANT_LM_HEAD=nvfp4" in padding
+
+
+def test_invariance_models_picks_the_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INVARIANCE_MODELS", "1b")
+    _, calls = _run_with_stubs(tmp_path, "invariance")
+    models = [c.split("--model ")[1].split()[0].rsplit("/", 1)[-1] for c in calls if "batch_invariance.py" in c]
+    assert models == ["g3-1b"]

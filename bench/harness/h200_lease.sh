@@ -10,13 +10,13 @@
 #   1. the NVFP4 kernels (bench/kernel_timing/kernels_h200.py: every variant against a
 #      float64 reference, timed, copy bandwidth in the same run), while the
 #      servers below compile on the host;
-#   2. batch invariance (bench/harness/batch_invariance.py) on random Gemma 3 1B
-#      weights (ours bf16 + capture, ours NVFP4 + capture) and on the real Gemma 3
-#      270M (those two and MAX's built-in bf16);
-#   3. once those servers are done (their graphs then start from MAX's
-#      cache), ours bf16 + capture against ours NVFP4 + capture at one row, one
-#      server session, and ours NVFP4 with the NVFP4 output head (ATTNQUANT_LM_HEAD=nvfp4)
+#   2. ours bf16 + capture against ours NVFP4 + capture at one row, one server
+#      session, and ours NVFP4 with the NVFP4 output head (ATTNQUANT_LM_HEAD=nvfp4)
 #      (bench/harness/serve_benchmark.py, the canonical c=1 harness); PADDING_OFF=1 adds ours bf16 with ATTNQUANT_ROW_PADDING=0;
+#   3. then batch invariance (bench/harness/batch_invariance.py; its 1B servers start
+#      from MAX's cache of phase 2's graphs) on random Gemma 3 1B weights (ours bf16 +
+#      capture, ours NVFP4 + capture; word prompts) and on the real Gemma 3 270M (those
+#      two and MAX's built-in bf16); INVARIANCE_MODELS ("1b 270m") picks the models;
 #   4. `attnquant verify --device gpu` on the 270M (NVFP4 vs its bf16 self);
 #   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
 #      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
@@ -61,6 +61,7 @@ wait_for() {  # wait_for FILE TEXT [SECONDS]: until FILE holds TEXT (at most SEC
   until grep -qs "$2" "$1" || (( SECONDS > deadline )); do sleep 5; done
 }
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
+inv_wants() { [[ " ${INVARIANCE_MODELS:-1b 270m} " == *" $1 "* ]]; }
 
 checkpoints() {
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-1b" 2>&1 | tail -1
@@ -118,7 +119,7 @@ big4b() {  # after the padding phase's servers (and MTP's, if run) have stopped:
     > "$WORK/big-4b.txt" 2>&1
 }
 
-run() {  # three chains: A (after MTP) invariance -> padding -> 4B; B MTP -> 27B; C verify, quantize
+run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
@@ -131,14 +132,6 @@ run() {  # three chains: A (after MTP) invariance -> padding -> 4B; B MTP -> 27B
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
   # a 1B server beside five others compiled in 10 minutes, alone in ~4.
   ( if wants mtp; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
-    if wants invariance; then
-      say "invariance"
-      # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
-      invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on &
-      invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
-      wait
-    fi
-    say "invariance done"
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
@@ -146,6 +139,15 @@ run() {  # three chains: A (after MTP) invariance -> padding -> 4B; B MTP -> 27B
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"
+    fi
+    if wants invariance; then  # after padding: the same 1B servers then start from MAX's cache
+      say "invariance"
+      # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
+      if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on & fi
+      if inv_wants 270m; then
+        invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
+      fi
+      wait; say "invariance done"
     fi
     if wants big4b; then
       wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big4b"; big4b; say "big4b done"

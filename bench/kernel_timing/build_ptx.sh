@@ -8,6 +8,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 MOJO="${MOJO:-$ROOT/.venv/bin/mojo}"
+MOJO="$(cd "$(dirname "$MOJO")" && pwd)/$(basename "$MOJO")"  # absolute: the build runs in a temp dir
 ARCH="${ARCH:-sm_90a}"
 TMP="$(mktemp -d)"
 (cd "$TMP" && "$MOJO" build -I "$ROOT/kernels" --target-accelerator "$ARCH" --emit asm \

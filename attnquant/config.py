@@ -215,6 +215,12 @@ SETTINGS: tuple[Setting, ...] = (
         "past its output (modular/modular#6883); 1 = on every device; 0 = never (a MAX "
         "with the fix). With captured decode steps one row skips the padding entirely.",
     ),
+    _choice(
+        "ATTNQUANT_MTP_ON_GPU", "mtp_on_gpu", ("refuse", "allow"), "refuse",
+        "Gemma 4 with an MTP drafter (--draft-model) on a GPU: refuse = stop at load with an "
+        "error, because its greedy tokens have not yet matched ours without a drafter on a GPU "
+        "(docs/quickstart.md, Speculative decoding); allow = serve it, with a warning.",
+    ),
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
@@ -297,6 +303,7 @@ class AttnQuantConfig:
     sm90_variant: str = ""
     sm100_input_scale: float = 1.0
     row_padding: bool | None = None
+    mtp_on_gpu: Literal["refuse", "allow"] = "refuse"
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True

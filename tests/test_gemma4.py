@@ -28,7 +28,7 @@ from attnquant.formats import nvfp4
 from attnquant.formats.names import find_projections
 from attnquant.load import importance
 from attnquant.load.checkpoint import load_state_dict
-from attnquant.config import AttnQuantConfig
+from attnquant.config import LOGGER_NAME, AttnQuantConfig
 from attnquant.load.precompute import precompute_outside
 
 from .gemma4_fixtures import (
@@ -469,26 +469,18 @@ def test_load_lines_report_coverage_and_shared_kv(served) -> None:
     assert "2 layers share k and v (attention_k_eq_v, no v_proj): [1, 3]" in log
 
 
-def test_mtp_model_config_carries_the_settings(
-    custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """MAX's MTP model builds its config with MAX's own class
-    (``Gemma4ForConditionalGenerationConfig.initialize``, not
-    ``model_config_cls``), so nothing of ours has attached the ATTNQUANT_*
-    settings when ``_create_model_config`` prepares the target: ours must
-    (on the H200 it stopped with "no attribute 'attnquant'"). MAX's body is
-    stood in for by its config class filled from ours (MAX's own parse
-    refuses float32 on CPU)."""
+def _mtp_model_on(device, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]):
+    """Our MTP model, unbuilt, on ``device``, with MAX's config parse stood in
+    for by its config class filled from ours (MAX's own parse refuses float32
+    on CPU). Returns (model, our config)."""
     import dataclasses
 
-    from max.driver import CPU
     from max.pipelines.architectures.gemma4.model_config import Gemma4ForConditionalGenerationConfig
     from max.pipelines.architectures.unified_mtp_gemma4_modulev3.model import UnifiedMTPGemma4ModuleV3Model
 
-    from models.gemma4.model import LANGUAGE_PREFIX
     from models.gemma4.speculative import AttnQuantUnifiedMTPGemma4Model
 
-    for key, value in {**CONFIGS["nvfp4"], "ATTNQUANT_CACHE": "0"}.items():
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     ours = _model_config(gemma4_dir)
     maxs = Gemma4ForConditionalGenerationConfig(**{
@@ -497,7 +489,7 @@ def test_mtp_model_config_carries_the_settings(
     assert not hasattr(maxs, "attnquant")
     monkeypatch.setattr(UnifiedMTPGemma4ModuleV3Model, "_create_model_config", lambda self, state_dict: maxs)
     model = object.__new__(AttnQuantUnifiedMTPGemma4Model)
-    model.devices = [CPU()]
+    model.devices = [device]
     model.weights = SimpleNamespace(_filepaths=[gemma4_dir / "model.safetensors"])
     model.pipeline_config = SimpleNamespace(runtime=SimpleNamespace(device_graph_capture=False))
     model._target_state_dict = {
@@ -505,6 +497,42 @@ def test_mtp_model_config_carries_the_settings(
         for name, tensor in load_state_dict(gemma4_dir).items()
         if name.startswith("model.language_model.")
     }
+    return model, ours
+
+
+def test_mtp_on_a_gpu_is_refused_unless_allowed(
+    custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a GPU the MTP path has given wrong tokens: refused before any weight
+    is prepared, naming the setting that serves it anyway (with a warning)."""
+    from models.gemma4 import speculative
+
+    gpu = SimpleNamespace(is_host=False, api="cuda")
+    prepared: list[object] = []
+    monkeypatch.setattr(speculative, "prepare_target_weights", lambda *a, **k: prepared.append(a) or ({}, {}))
+    model, _ = _mtp_model_on(gpu, gemma4_dir, monkeypatch, {"ATTNQUANT_QUANT": "nvfp4"})
+    with pytest.raises(ValueError, match="Serve without --draft-model, or set ATTNQUANT_MTP_ON_GPU=allow"):
+        model._create_model_config({})
+    assert not prepared
+    monkeypatch.setenv("ATTNQUANT_MTP_ON_GPU", "allow")
+    with caplog.at_level("WARNING", logger=LOGGER_NAME):
+        model._create_model_config({})
+    assert len(prepared) == 1 and "ATTNQUANT_MTP_ON_GPU=allow" in caplog.text
+
+
+def test_mtp_model_config_carries_the_settings(
+    custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX's MTP model builds its config with MAX's own class
+    (``Gemma4ForConditionalGenerationConfig.initialize``, not
+    ``model_config_cls``), so nothing of ours has attached the ATTNQUANT_*
+    settings when ``_create_model_config`` prepares the target: ours must
+    (on the H200 it stopped with "no attribute 'attnquant'")."""
+    from max.driver import CPU
+
+    from models.gemma4.model import LANGUAGE_PREFIX
+
+    model, ours = _mtp_model_on(CPU(), gemma4_dir, monkeypatch, {**CONFIGS["nvfp4"], "ATTNQUANT_CACHE": "0"})
     config = model._create_model_config({})
     assert config.attnquant.quant == ours.attnquant.quant == "nvfp4"
     assert model._served_target["layers.0.mlp.down_proj.weight"].dtype == torch.uint8

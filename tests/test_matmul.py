@@ -142,3 +142,43 @@ def test_static_row_counts_are_decided_while_building() -> None:
     padded = functools.partial(matmul.on_full_row_tiles, fn, padding=RowPadding.BRANCH, out_features=4)
     assert padded(Rows(1)) == padded(Rows(SM90_ROW_TILE)) == "direct"
     assert calls == [1, SM90_ROW_TILE]
+
+
+@pytest.mark.max
+def test_a_module_run_on_padded_rows_sees_full_tiles_and_keeps_its_weight_names() -> None:
+    """A MAX module we do not build (the MTP drafter's Linear and MLP layers)
+    is handed padded rows, gives back its own rows' product, and loads its
+    weights under the names it had."""
+    from max.driver import CPU
+    from max.experimental import functional as F
+    from max.experimental.nn import Linear, Module
+    from max.experimental.tensor import Tensor, TensorType
+
+    device, f32, n, k = CPU(), DType.float32, 7, 12
+
+    class RowsSeen(Module):  # every element: the row count its forward was handed
+        def forward(self, r: Tensor) -> Tensor:
+            count = F.cast(F.shape_to_tensor([r.shape[0]]), f32).reshape([1, 1])
+            return F.broadcast_to(count, [r.shape[0], n])
+
+    class Drafter(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.probe, self.linear = RowsSeen(), Linear(k, n, bias=False)
+
+        def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+            return self.probe(x), self.linear(x)
+
+    drafter = Drafter()
+    names = [name for name, _ in drafter.parameters]
+    for module in (drafter.probe, drafter.linear, drafter.probe):  # the second time: padded once
+        matmul.run_on_padded_rows(module)
+    assert type(drafter.probe).__mro__[1] is RowsSeen
+    assert [name for name, _ in drafter.parameters] == names == ["linear.weight"]
+    w = torch.randn(n, k)
+    run = drafter.compile(TensorType(f32, ["m", k], device), weights={"linear.weight": w})
+    for m, padded_to in ((1, 1), (5, 64), (64, 64), (65, 128)):
+        x = torch.randn(m, k)
+        rows, got = (torch.from_dlpack(t).clone() for t in run(Tensor.from_dlpack(x)))
+        assert rows.shape == (m, n) and bool((rows == padded_to).all()), (m, rows[0, 0])
+        torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-5)

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from max.experimental import functional as F
+from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 from max.graph import DeviceRef, Dim, TensorType
 
@@ -65,12 +66,13 @@ def with_padded_rows(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 def on_full_row_tiles(
-    fn: Callable[[Tensor], Tensor], x: Tensor, padding: RowPadding, *, out_features: int | Dim
+    fn: Callable[[Tensor], Tensor], x: Tensor, padding: RowPadding, *, out_features: int | Dim | None = None
 ) -> Tensor:
     """``fn(x)`` for a row-wise ``fn`` of MAX matmuls ([M, K] -> [M, out_features]),
     its rows padded as ``padding`` says. Only rank-2 inputs (our models'
     ``[tokens, hidden]``) are padded. With ``RowPadding.BRANCH`` the operands
-    ``fn`` reads must already be in the enclosing block (:func:`in_enclosing_block`)."""
+    ``fn`` reads must already be in the enclosing block (:func:`in_enclosing_block`),
+    and ``out_features`` is required (the branch's result type)."""
     if padding is RowPadding.OFF or x.rank != 2:
         return fn(x)
     m = x.shape[0]
@@ -78,10 +80,32 @@ def on_full_row_tiles(
         return fn(x) if int(m) == 1 or int(m) % SM90_ROW_TILE == 0 else with_padded_rows(fn, x)
     if padding is RowPadding.FIXED:
         return with_padded_rows(fn, x)
+    assert out_features is not None, "RowPadding.BRANCH needs out_features"
     one_row = F.shape_to_tensor([m])[0] == 1
     out = TensorType(x.dtype, [m, out_features], DeviceRef.from_device(x.device))
     (y,) = F.cond(one_row, [out], lambda: fn(x), lambda: with_padded_rows(fn, x))
     return y
+
+
+def run_on_padded_rows(module: Module[[Tensor], Tensor]) -> None:
+    """Makes ``module``, a MAX module we do not build that maps [M, K] rows to
+    [M, N] rows with MAX matmuls (a ``Linear``, an ``MLP``), run its forward on
+    rows padded to full tiles (``RowPadding.FIXED``: its weights are first read
+    inside its forward, so they cannot sit behind the one-row branch).
+
+    Its class is swapped for a subclass whose ``forward`` pads: its children,
+    parameters and their names stay as they are, so MAX loads its weights
+    unchanged. Applying it twice pads once."""
+    if not getattr(type(module), "rows_padded", False):
+        module.__class__ = _row_padded_class(type(module))
+
+
+@functools.cache
+def _row_padded_class(cls: type[Module[[Tensor], Tensor]]) -> type[Module[[Tensor], Tensor]]:
+    def forward(self: Module[[Tensor], Tensor], x: Tensor) -> Tensor:
+        return on_full_row_tiles(functools.partial(cls.forward, self), x, RowPadding.FIXED)
+
+    return type(f"RowPadded{cls.__name__}", (cls,), {"forward": forward, "rows_padded": True, "__module__": __name__})
 
 
 def linear(x: Tensor, weight: Tensor, padding: RowPadding = RowPadding.OFF) -> Tensor:

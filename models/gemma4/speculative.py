@@ -21,10 +21,13 @@ from typing import Any, ClassVar
 from max.driver import Device
 
 from max.experimental import functional as F
-from max.experimental.tensor import default_device, default_dtype
+from max.experimental.tensor import Tensor, default_device, default_dtype
 from max.graph.weights import WeightData, Weights
 from max.pipelines.architectures.gemma4.model_config import (
     Gemma4ForConditionalGenerationConfig,
+)
+from max.pipelines.architectures.unified_mtp_gemma4_modulev3.gemma4_assistant_modulev3 import (
+    Gemma4AssistantModuleV3,
 )
 from max.pipelines.architectures.unified_mtp_gemma4_modulev3.model import (
     UnifiedMTPGemma4ModuleV3Model,
@@ -36,6 +39,8 @@ from max.pipelines.lib import PipelineConfig
 from transformers import AutoConfig
 from typing_extensions import Self
 
+from attnquant.graph.matmul import on_full_row_tiles, run_on_padded_rows
+from attnquant.max_compat import SM90_ROW_TILE, RowPadding
 from attnquant.plan import ProjectionPlan
 
 from .model import (
@@ -49,11 +54,18 @@ from ..common.prepare import attach_settings, single_device_mesh
 from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
-MTP_ON_GPU_UNVERIFIED = (
-    "attnquant: Gemma 4 with an MTP drafter on a GPU is unverified: its greedy tokens have been "
-    "compared with ours without a drafter on CPU only (docs/quickstart.md, Speculative decoding). "
-    "Compare a few greedy completions with the same server started without --draft-model "
-    "before relying on it."
+MTP_ON_GPU = (
+    "Gemma 4 with an MTP drafter on a GPU has not given ours-without-a-drafter's greedy tokens "
+    "there yet: on an sm_90 GPU, requests sent one at a time have come back as <pad> tokens "
+    "(docs/quickstart.md, Speculative decoding)"
+)
+MTP_ON_GPU_REFUSED = (
+    f"attnquant: {MTP_ON_GPU}. Serve without --draft-model, or set ATTNQUANT_MTP_ON_GPU=allow "
+    "to serve it anyway."
+)
+MTP_ON_GPU_ALLOWED = (
+    f"attnquant: ATTNQUANT_MTP_ON_GPU=allow: {MTP_ON_GPU}. Compare a few greedy completions with "
+    "the same server started without --draft-model before relying on it."
 )
 REFUSED_TARGETS = (
     "UnifiedDSparkGemma4_31BForCausalLM",
@@ -100,6 +112,39 @@ def with_target_weights(
     return merged
 
 
+class RowPaddedAssistant(Gemma4AssistantModuleV3):
+    """MAX's assistant with its tied output head on padded rows."""
+
+    def _tied_logits(self, h: Tensor) -> Tensor:
+        return on_full_row_tiles(super()._tied_logits, h, RowPadding.FIXED)
+
+
+def pad_draft_rows(draft: Gemma4AssistantModuleV3) -> None:
+    """Runs every MAX matmul of the drafter on padded token rows, as ours run.
+
+    The drafter is MAX's, unquantized, and its matmuls are MAX's: in prefill
+    they see one row per prompt token (2 to 63 for a short prompt), the row
+    counts where MAX 26.7's sm_90 matmul writes past its output
+    (``attnquant.max_compat``) into whatever the fused graph holds next.
+    """
+    run_on_padded_rows(draft.pre_projection)
+    run_on_padded_rows(draft.post_projection)
+    for layer in draft.layers:
+        run_on_padded_rows(layer.self_attn.q_proj)
+        run_on_padded_rows(layer.self_attn.o_proj)
+        run_on_padded_rows(layer.mlp)
+    draft.__class__ = RowPaddedAssistant
+    logger.info(
+        "attnquant: the MTP drafter's matmuls (MAX's) run on token rows padded to a multiple "
+        "of %d, as ours do", SM90_ROW_TILE,
+    )
+
+
+def plan_row_padding(plan: ProjectionPlan) -> RowPadding:
+    """The row padding the device step chose for the plan's matmuls (one for all)."""
+    return RowPadding(next(part.row_padding for parts in plan.values() for part in parts))
+
+
 class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
     """MAX's ModuleV3 Gemma 4 + MTP assistant, with attnquant projections in the target.
 
@@ -121,11 +166,13 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
         self, state_dict: dict[str, Any]
     ) -> Gemma4ForConditionalGenerationConfig:
         single_device_mesh(self.devices)
-        if not self.devices[0].is_host:
-            logger.warning(MTP_ON_GPU_UNVERIFIED)
         # MAX's body parses with its own config class, not model_config_cls:
         # the settings are ours to attach.
         config = attach_settings(super()._create_model_config(state_dict))
+        if not self.devices[0].is_host:
+            if config.attnquant.mtp_on_gpu != "allow":
+                raise ValueError(MTP_ON_GPU_REFUSED)
+            logger.warning(MTP_ON_GPU_ALLOWED)
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.
         self._served_target, self._projection_plan = prepare_target_weights(
@@ -146,6 +193,8 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
                 self._projection_plan,
                 activation=model_config.text_config.hidden_activation,
             )
+        if plan_row_padding(self._projection_plan) is not RowPadding.OFF:
+            pad_draft_rows(module.draft)
         return module, with_target_weights(weights, self._served_target)
 
 

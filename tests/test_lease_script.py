@@ -76,7 +76,7 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
     assert not unknown, f"{' '.join(command[1:])} does not accept {unknown}"
 
 
-def _run_with_stubs(tmp_path: Path, phases: str) -> tuple[list[str], list[str]]:
+def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str], list[str]]:
     """Runs the lease script with python3 and nvidia-smi replaced by stubs
     that log their arguments: (progress lines, python3 calls), in order."""
     stubs, work = tmp_path / "stubs", tmp_path / "work"
@@ -88,7 +88,7 @@ def _run_with_stubs(tmp_path: Path, phases: str) -> tuple[list[str], list[str]]:
     for stub in stubs.iterdir():
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "PHASES": phases,
-           "WORK": str(work), "OUT": str(tmp_path / "out")}  # fmt: skip
+           "WORK": str(work), "OUT": str(tmp_path / "out"), **env}  # fmt: skip
     subprocess.run(["bash", str(LEASE), "run"], env=env, check=True, timeout=120, capture_output=True)
     progress = [line.split(" ", 1)[1] for line in (work / "progress.log").read_text().splitlines()]
     return progress, calls.read_text().splitlines()
@@ -109,8 +109,13 @@ def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_pat
     assert "ATTNQUANT_LM_HEAD=nvfp4" in padding
 
 
-def test_invariance_models_picks_the_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INVARIANCE_MODELS", "1b")
-    _, calls = _run_with_stubs(tmp_path, "invariance")
+def test_invariance_models_picks_the_checkpoints(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_MODELS="1b")
     models = [c.split("--model ")[1].split()[0].rsplit("/", 1)[-1] for c in calls if "batch_invariance.py" in c]
     assert models == ["g3-1b"]
+
+
+def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "padding", SM90_CELL="3:8:1:1")
+    padding = next(c for c in calls if "serve_benchmark.py" in c)
+    assert "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8" in padding

@@ -13,6 +13,7 @@
 #   2. ours bf16 + capture against ours NVFP4 + capture at one row, one server
 #      session, and ours NVFP4 with the NVFP4 output head (ATTNQUANT_LM_HEAD=nvfp4)
 #      (bench/harness/serve_benchmark.py, the canonical c=1 harness); PADDING_OFF=1 adds ours bf16 with ATTNQUANT_ROW_PADDING=0;
+#      SM90_CELL=V:KW:SPLITK:PDL adds ours NVFP4 with every GEMV forced to that variant (e.g. 3:8:1:1, PDL);
 #   3. then batch invariance (bench/harness/batch_invariance.py; its 1B servers start
 #      from MAX's cache of phase 2's graphs) on random Gemma 3 1B weights (ours bf16 +
 #      capture, ours NVFP4 + capture; word prompts) and on the real Gemma 3 270M (those
@@ -136,6 +137,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
         --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4${MM}=8" ${PADDING_OFF:+"attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8"} \
+        ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"} \
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"

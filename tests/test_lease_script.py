@@ -83,7 +83,7 @@ def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str],
     stubs.mkdir()
     work.mkdir()
     calls = work / "calls.log"
-    (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $*" >> {calls}\nsleep 0.3\n')
+    (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $* [cache ${{XDG_CACHE_HOME:-}}]" >> {calls}\nsleep 0.3\n')
     (stubs / "nvidia-smi").write_text("#!/bin/bash\necho gpu\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
@@ -91,7 +91,7 @@ def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str],
            "WORK": str(work), "OUT": str(tmp_path / "out"), **env}  # fmt: skip
     subprocess.run(["bash", str(LEASE), "run"], env=env, check=True, timeout=120, capture_output=True)
     progress = [line.split(" ", 1)[1] for line in (work / "progress.log").read_text().splitlines()]
-    return progress, calls.read_text().splitlines()
+    return progress, calls.read_text().splitlines() if calls.exists() else []
 
 
 def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_path: Path) -> None:
@@ -119,3 +119,21 @@ def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) ->
     _, calls = _run_with_stubs(tmp_path, "padding", SM90_CELL="3:8:1:1")
     padding = next(c for c in calls if "serve_benchmark.py" in c)
     assert "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8" in padding
+
+
+def test_cachecheck_times_the_carried_cache_then_a_cold_one_before_anything_else(tmp_path: Path) -> None:
+    carried = tmp_path / "xcache"
+    (carried / "modular").mkdir(parents=True)
+    progress, calls = _run_with_stubs(tmp_path, "mtp cachecheck", CARRIED_CACHE=str(carried))
+    assert progress[:2] == ["cachecheck", "cachecheck done"] and progress.index("cachecheck done") < progress.index("mtp")
+    checks = [c for c in calls if "sm90_matmul_shapes.py" in c]
+    assert len(checks) == 3 and all("--device gpu" in c for c in checks)
+    caches = [c.rsplit("[cache ", 1)[1].rstrip("]") for c in checks]
+    assert caches[0].endswith("cache-carried") and caches[1] == caches[2] and caches[1].endswith("cache-cold")
+    assert (tmp_path / "work" / "cache-carried" / "modular").is_dir()  # a copy: the carried one stays as it came
+
+
+def test_cachecheck_without_a_carried_cache_says_so(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "cachecheck", CARRIED_CACHE=str(tmp_path / "absent"))
+    assert not [c for c in calls if "sm90_matmul_shapes.py" in c]
+    assert "no carried cache at" in (tmp_path / "work" / "cachecheck.txt").read_text()

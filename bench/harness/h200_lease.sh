@@ -33,10 +33,16 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
-#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
+#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory);
+#   0. "cachecheck", before everything: whether this GPU reuses a MAX cache compiled on
+#      the CPU-only machine for a virtual sm_90a (CARRIED_CACHE, default .device/xcache,
+#      written there by `XDG_CACHE_HOME=$PWD/.device/xcache python
+#      bench/checks/sm90_matmul_shapes.py 1152x1152 --m 64 --device virtual-sm90a` and
+#      carried by the start call, ~30 MB): the same graph loaded from that cache, from an
+#      empty one, and again from the one just filled, each timed.
 # With "mtp", phases 2, 3 and 8 start once MTP is done (compiles side by side slow
 # each other down); "big" still compiles beside MTP.
-# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b"),
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
 # the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
@@ -51,6 +57,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 LOCK="$WORK/gpu.lock"
 PHASES="${PHASES:-mtp}"
+CARRIED_CACHE="${CARRIED_CACHE:-$REPO/.device/xcache}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
@@ -63,6 +70,17 @@ wait_for() {  # wait_for FILE TEXT [SECONDS]: until FILE holds TEXT (at most SEC
 }
 wants() { [[ " $PHASES " == *" $1 "* ]]; }
 inv_wants() { [[ " ${INVARIANCE_MODELS:-1b 270m} " == *" $1 "* ]]; }
+
+cachecheck() {  # carried, cold, again: a portable cache makes the first as fast as the last
+  local carried="$WORK/cache-carried" cold="$WORK/cache-cold" start
+  if [ ! -d "$CARRIED_CACHE" ]; then echo "no carried cache at $CARRIED_CACHE"; return; fi
+  rm -rf "$carried" "$cold"; cp -r "$CARRIED_CACHE" "$carried"; mkdir -p "$cold"
+  for run in "carried:$carried" "cold:$cold" "again:$cold"; do
+    start=$SECONDS
+    XDG_CACHE_HOME="${run#*:}" python3 "$HERE/../checks/sm90_matmul_shapes.py" 1152x1152 --m 64 --device gpu 2>&1 | tail -1
+    echo "${run%%:*} cache: $(( SECONDS - start )) s in all"
+  done
+}
 
 checkpoints() {
   python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/g3-1b" 2>&1 | tail -1
@@ -123,6 +141,7 @@ big4b() {  # after the padding phase's servers (and MTP's, if run) have stopped:
 run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
+  if wants cachecheck; then say "cachecheck"; cachecheck > "$WORK/cachecheck.txt" 2>&1; say "cachecheck done"; fi
   if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big || wants big4b; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
@@ -175,7 +194,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
 
 collect() {  # at most 8 files come back
   mkdir -p "$OUT"
-  { cat "$WORK/gpu.txt" "$WORK/progress.log"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
+  { cat "$WORK/gpu.txt" "$WORK/progress.log" "$WORK/cachecheck.txt"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
   cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" > "$OUT/invariance.txt" 2>/dev/null
   cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null

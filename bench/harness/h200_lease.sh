@@ -7,6 +7,12 @@
 #   bash bench/harness/h200_lease.sh collect                          # copy what is there to $OUT, now
 #   bash bench/harness/h200_lease.sh stop                             # end it, collect
 # What it measures, in this order, everything on GPU 0:
+#   0. "cachecheck", before everything: whether this GPU reuses a MAX cache compiled on
+#      the CPU-only machine for a virtual sm_90a (CARRIED_CACHE, default .device/xcache,
+#      written there by `XDG_CACHE_HOME=$PWD/.device/xcache python
+#      bench/checks/sm90_matmul_shapes.py 1152x1152 --m 64 --device virtual-sm90a` and
+#      carried by the start call, ~30 MB): the same graph loaded from that cache, from an
+#      empty one, and again from the one just filled, each timed.
 #   1. the NVFP4 kernels (bench/kernel_timing/kernels_h200.py: every variant against a
 #      float64 reference, timed, copy bandwidth in the same run), while the
 #      servers below compile on the host;
@@ -33,13 +39,7 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
-#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory);
-#   0. "cachecheck", before everything: whether this GPU reuses a MAX cache compiled on
-#      the CPU-only machine for a virtual sm_90a (CARRIED_CACHE, default .device/xcache,
-#      written there by `XDG_CACHE_HOME=$PWD/.device/xcache python
-#      bench/checks/sm90_matmul_shapes.py 1152x1152 --m 64 --device virtual-sm90a` and
-#      carried by the start call, ~30 MB): the same graph loaded from that cache, from an
-#      empty one, and again from the one just filled, each timed.
+#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
 # With "mtp", phases 2, 3 and 8 start once MTP is done (compiles side by side slow
 # each other down); "big" still compiles beside MTP.
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
@@ -77,7 +77,7 @@ cachecheck() {  # carried, cold, again: a portable cache makes the first as fast
   rm -rf "$carried" "$cold"; cp -r "$CARRIED_CACHE" "$carried"; mkdir -p "$cold"
   for run in "carried:$carried" "cold:$cold" "again:$cold"; do
     start=$SECONDS
-    XDG_CACHE_HOME="${run#*:}" python3 "$HERE/../checks/sm90_matmul_shapes.py" 1152x1152 --m 64 --device gpu 2>&1 | tail -1
+    XDG_CACHE_HOME="${run#*:}" python3 "$HERE/../checks/sm90_matmul_shapes.py" 1152x1152 --m 64 --device gpu 2>&1 | tail -n 5  # a failure's constraint spans lines
     echo "${run%%:*} cache: $(( SECONDS - start )) s in all"
   done
 }

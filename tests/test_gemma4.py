@@ -503,7 +503,7 @@ def _mtp_model_on(device, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, env
 def test_mtp_on_a_gpu_is_refused_unless_allowed(
     custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On a GPU the MTP path has given wrong tokens: refused before any weight
+    """On a GPU the MTP path is not verified for batched requests: refused before any weight
     is prepared, naming the setting that serves it anyway (with a warning)."""
     from models.gemma4 import speculative
 

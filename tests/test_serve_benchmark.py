@@ -70,13 +70,20 @@ def test_a_cell_is_compared_alone_batched_and_with_the_reference(monkeypatch) ->
         return invariance.Greedy(ids, [1.0, 0.5])
 
     monkeypatch.setattr(invariance, "complete", complete)
-    reference = [invariance.Greedy([12, 11], [0.03, 1.0]), invariance.Greedy([20, 21], [1.0, 1.0])]
-    result, alone = invariance.check_cell(0, "m", ["p0", "p1"], 2, [2], reference, False)
-    assert [g.ids for g in alone] == [[10, 11], [20, 21]]
+    # The reference batched: prompt 0 as this cell batched, prompt 1 departing at position 0.
+    reference = invariance.Reference(
+        [invariance.Greedy([12, 11], [0.03, 1.0]), invariance.Greedy([20, 21], [1.0, 1.0])],
+        {2: [invariance.Greedy([10, 11], [1.0, 1.0]), invariance.Greedy([30, 99], [0.2, 1.0])]},
+    )
+    result, mine = invariance.check_cell(0, "m", ["p0", "p1"], 2, [2], reference, False)
+    assert [g.ids for g in mine.alone] == [[10, 11], [20, 21]]
+    assert [g.ids for g in mine.batched[2]] == result["batched_ids"][2] == [[10, 11], [20, 99]]
     assert [r["identical"] for r in result["batched"][2]] == [True, False]
     assert result["batched"][2][1]["first_difference"] == 1
     assert [(r["first_difference"], r["margin"]) for r in result["vs_reference"][1]] == [(0, 0.03), (None, None)]
     assert [r["first_difference"] for r in result["vs_reference"][2]] == [0, 1]
+    batched_vs = result["vs_reference_batched"][2]
+    assert [(r["first_difference"], r["margin"], r["got"]) for r in batched_vs] == [(None, None, None), (0, 0.2, 20)]
 
 
 @pytest.mark.parametrize("margins", [True, False])
@@ -158,6 +165,24 @@ def test_margin_pricing_reads_every_cell_and_each_departure_once(tmp_path: Path)
     assert margins.cell_env("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+MODULAR_X=5") == {
         "ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_LM_HEAD": "nvfp4", "ATTNQUANT_CACHE": "0",
     }  # fmt: skip
+
+
+def test_margin_pricing_finds_departures_from_the_reference_alone_and_batched() -> None:
+    """The MTP check: alone against the reference alone; batched against the
+    reference batched at the same concurrency, request by request."""
+    margins = bench_module("invariance_margins")
+    same = {"prompt": 0, "identical": True, "first_difference": None, "margin": None, "got": None}
+    reference = {"alone": [[1, 2, 3], [4, 5, 6]], "batched_ids": {"8": [[1, 2, 3], [4, 7, 6]]}}
+    drafted = {
+        "alone": [[1, 2, 3], [4, 5, 9]],
+        "vs_reference": {"1": [same, {**same, "prompt": 1, "identical": False, "first_difference": 2, "got": 9}]},
+        "vs_reference_batched": {"8": [{**same, "identical": False, "first_difference": 1, "got": 8}, same]},
+    }
+    assert margins.reference_differences(drafted, reference) == [
+        (1, 2, "reference alone", [4, 5, 6], 9),
+        (0, 1, "reference c=8", [1, 2, 3], 8),
+    ]
+    assert margins.reference_differences({"alone": []}, reference) == []  # results from before the comparison
 
 
 def test_starts_sharing_a_launch_lock_come_one_at_a_time_each_settled(monkeypatch, tmp_path: Path) -> None:

@@ -16,6 +16,10 @@ requests' first token alone is float32's greedy token.
 
     python bench/checks/invariance_margins.py RESULTS.json --model ~/.cache/attnquant/models/gemma3-270m
 
+With ``--reference CELL`` (the MTP check: ``batch_invariance.py --reference``) each
+other cell's departures from the reference's ids are priced the same way, at
+the reference's ids.
+
 RESULTS.json may hold several JSON objects one after another (the lease's
 collected file); cells are matched by name.
 """
@@ -71,11 +75,38 @@ def differences(result: dict) -> list[tuple[int, int, str, int | None]]:
     return sorted(seen)
 
 
+def reference_differences(result: dict, reference: dict) -> list[tuple[int, int, str, list[int], int | None]]:
+    """A cell's departures from the reference cell: (prompt, position, what it is
+    compared with, the reference's ids there, this cell's token there). Alone against
+    the reference alone; batched against the reference batched at the same concurrency."""
+    found = []
+    for row in result.get("vs_reference", {}).get("1", []):
+        expected = reference["alone"][row["prompt"]]
+        if not row["identical"] and row["first_difference"] < len(expected):
+            found.append((row["prompt"], row["first_difference"], "reference alone", expected, row["got"]))
+    for concurrency, rows in result.get("vs_reference_batched", {}).items():
+        for expected, row in zip(reference["batched_ids"][concurrency], rows):
+            if not row["identical"] and row["first_difference"] < len(expected):
+                found.append((row["prompt"], row["first_difference"], f"reference c={concurrency}", expected, row["got"]))
+    return found
+
+
+def price(model: torch.nn.Module, prompt: list[int], expected: list[int], pos: int, got: int | None) -> str:
+    """``| expected − best other | expected − got |`` at ``pos`` after ``expected[:pos]``, float32."""
+    lp = log_probs(model, prompt + expected[:pos])
+    others = lp.clone()
+    others[expected[pos]] = -torch.inf
+    gap = float(lp[expected[pos]] - others.max())
+    to_got = f"{float(lp[expected[pos]] - lp[got]):+.4f}" if got is not None else "-"
+    return f"{gap:+.4f} | {to_got}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--cells", nargs="*", help="cells to price (default: every attnquant cell)")
+    parser.add_argument("--reference", help="also price each cell's departures from this cell (the MTP check's)")
     parser.add_argument("--prompt-words", action="store_true", help="the run used batch_invariance.py --prompt-words")
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -83,7 +114,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     results = read_results(args.results)
     specs = args.cells or [s for s in results if s.startswith("attnquant")]
-    print("| cell | prompt | position | concurrencies | float32: alone's token − best other (nats) | alone's − batched's |")
+    print("| cell | prompt | position | against | float32: expected token − best other (nats) | expected − got |")
     print("|---|---|---|---|---|---|")
     for spec in specs:
         result = results[spec]
@@ -96,15 +127,14 @@ def main() -> None:
         for prompt, pos, concurrency, token in differences(result):
             by_place.setdefault((prompt, pos), []).append(concurrency)
             got[(prompt, pos)] = token
+        name = spec.split("+")[0]
         for (prompt, pos), concurrencies in sorted(by_place.items()):
-            alone = result["alone"][prompt]
-            lp = log_probs(model, prompts[prompt] + alone[:pos])
-            others = lp.clone()
-            others[alone[pos]] = -torch.inf
-            gap = float(lp[alone[pos]] - others.max())
-            batched = got[(prompt, pos)]
-            to_batched = f"{float(lp[alone[pos]] - lp[batched]):+.4f}" if batched is not None else "-"
-            print(f"| {spec.split('+')[0]} | {prompt} | {pos} | {','.join(concurrencies)} | {gap:+.4f} | {to_batched} |")
+            against = "alone, batched c=" + ",".join(concurrencies)
+            priced = price(model, prompts[prompt], result["alone"][prompt], pos, got[(prompt, pos)])
+            print(f"| {name} | {prompt} | {pos} | {against} | {priced} |")
+        if args.reference and spec != args.reference:
+            for prompt, pos, against, expected, token in reference_differences(result, results[args.reference]):
+                print(f"| {name} | {prompt} | {pos} | {against} | {price(model, prompts[prompt], expected, pos, token)} |")
         del model
 
 

@@ -18,7 +18,8 @@ requests are refused is reported with MAX's reason; the other cells go on.
 
 With ``--reference CELL`` every other cell's ids (alone and batched) are
 also compared with the reference cell's ids alone, the margin taken from the
-reference. That is the MTP check: ours with the Gemma 4 assistant drafting
+reference, and its batched ids with the reference's batched at the same
+concurrency (a model that is not batch invariant by itself is judged there). That is the MTP check: ours with the Gemma 4 assistant drafting
 (``attnquant-nvfp4-mtp3:on``, served from ``--mtp-target`` with
 ``--draft-model``) must give the ids of ours without a drafter:
 
@@ -40,7 +41,7 @@ import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from serve_benchmark import Cell, add_launch_args, launch, served_model, stop, wait_ready  # this directory
@@ -121,25 +122,44 @@ def compare(prompt: int, expected: Greedy, got: list[int]) -> dict:
             "got": got_there}  # fmt: skip
 
 
+@dataclass
+class Reference:
+    """The reference cell's completions: alone, and batched at each concurrency."""
+
+    alone: list[Greedy]
+    batched: dict[int, list[Greedy]] = field(default_factory=dict)
+
+
 def check_cell(
     port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int],
-    reference: list[Greedy] | None, margins: bool,
-) -> tuple[dict, list[Greedy]]:
-    """(the cell's result, its completions alone). With ``reference`` (another
-    cell's completions alone), every completion is also compared with those."""
+    reference: Reference | None, margins: bool,
+) -> tuple[dict, Reference]:
+    """(the cell's result, its completions). With ``reference`` (another cell's
+    completions), every completion is also compared with the reference's alone
+    and, batched, with the reference's at the same concurrency: where a model is
+    not batch invariant by itself, only the second can tell a drafter's fault."""
     alone = [complete(port, model, p, tokens, margins) for p in prompts]
-    result: dict = {"alone": [g.ids for g in alone], "batched": {}, "vs_reference": {}}
+    mine = Reference(alone)
+    result: dict = {"alone": [g.ids for g in alone], "batched": {}, "batched_ids": {}, "vs_reference": {},
+                    "vs_reference_batched": {}}  # fmt: skip
     if reference is not None:
-        result["vs_reference"][1] = [compare(i, reference[i], g.ids) for i, g in enumerate(alone)]
+        result["vs_reference"][1] = [compare(i, reference.alone[i], g.ids) for i, g in enumerate(alone)]
     for concurrency in concurrencies:
         repeats = -(-concurrency // len(prompts))
         requests = [i for _ in range(repeats) for i in range(len(prompts))]
         with ThreadPoolExecutor(concurrency) as pool:
             batched = list(pool.map(lambda i: complete(port, model, prompts[i], tokens, margins), requests))
+        mine.batched[concurrency] = batched
+        result["batched_ids"][concurrency] = [g.ids for g in batched]
         result["batched"][concurrency] = [compare(i, alone[i], g.ids) for i, g in zip(requests, batched)]
         if reference is not None:
-            result["vs_reference"][concurrency] = [compare(i, reference[i], g.ids) for i, g in zip(requests, batched)]
-    return result, alone
+            result["vs_reference"][concurrency] = [compare(i, reference.alone[i], g.ids) for i, g in zip(requests, batched)]
+            theirs = reference.batched.get(concurrency)
+            if theirs is not None:
+                result["vs_reference_batched"][concurrency] = [
+                    compare(i, expected, g.ids) for i, expected, g in zip(requests, theirs, batched)
+                ]
+    return result, mine
 
 
 def summary_row(spec: str, concurrency: int, rows: list[dict]) -> str:
@@ -181,7 +201,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     servers = {}
     results: dict = {}
-    reference: list[Greedy] | None = None
+    reference: Reference | None = None
     try:
         for i, cell in enumerate(cells):
             log = args.out.parent / f"serve-invariance-{cell.slug}.log"
@@ -196,15 +216,15 @@ def main() -> None:
             against = None if cell.spec == args.reference else reference
             overlap = cell.capture or cell.drafted_tokens > 0  # MAX refuses logprobs there
             try:
-                results[cell.spec], alone = check_cell(
+                results[cell.spec], completions = check_cell(
                     port, str(served_model(cell, args)), prompts, args.tokens, args.concurrency, against, not overlap
                 )
             except urllib.error.HTTPError as error:
                 print(f"FAILED {cell.spec}: HTTP {error.code}: {error.read().decode(errors='replace')[:500]}", flush=True)
                 continue
             if cell.spec == args.reference:
-                reference = alone
-            why = uninformative([g.ids for g in alone])
+                reference = completions
+            why = uninformative(results[cell.spec]["alone"])
             if why:
                 results[cell.spec]["uninformative"] = why
                 print(f"WARNING {cell.spec}: {why}; its comparisons cannot fail (--prompt-words?)", flush=True)
@@ -227,6 +247,11 @@ def main() -> None:
         print("| cell | concurrency | identical to the reference | first differences (position, margin nats) |\n|---|---|---|---|")
         for spec, result in results.items():
             for concurrency, rows in result["vs_reference"].items():
+                print(summary_row(spec, concurrency, rows))
+        print(f"\nagainst {args.reference} batched at the same concurrency")
+        print("| cell | concurrency | identical to the reference | first differences (position, margin nats) |\n|---|---|---|---|")
+        for spec, result in results.items():
+            for concurrency, rows in result["vs_reference_batched"].items():
                 print(summary_row(spec, concurrency, rows))
 
 

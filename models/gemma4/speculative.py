@@ -55,9 +55,9 @@ from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
 MTP_ON_GPU = (
-    "Gemma 4 with an MTP drafter on a GPU has not given ours-without-a-drafter's greedy tokens "
-    "there yet: on an sm_90 GPU, requests sent one at a time have come back as <pad> tokens "
-    "(docs/quickstart.md, Speculative decoding)"
+    "Gemma 4 with an MTP drafter on a GPU is not yet verified for batched requests: on an sm_90 GPU "
+    "requests sent one at a time gave ours-without-a-drafter's greedy tokens, batched ones have not "
+    "been compared token for token (docs/quickstart.md, Speculative decoding)"
 )
 MTP_ON_GPU_REFUSED = (
     f"attnquant: {MTP_ON_GPU}. Serve without --draft-model, or set ATTNQUANT_MTP_ON_GPU=allow "

@@ -71,7 +71,7 @@ def test_a_cell_is_compared_alone_batched_and_with_the_reference(monkeypatch) ->
 
     monkeypatch.setattr(invariance, "complete", complete)
     # The reference batched: prompt 0 as this cell batched, prompt 1 departing at position 0.
-    reference = invariance.Reference(
+    reference = invariance.Completions(
         [invariance.Greedy([12, 11], [0.03, 1.0]), invariance.Greedy([20, 21], [1.0, 1.0])],
         {2: [invariance.Greedy([10, 11], [1.0, 1.0]), invariance.Greedy([30, 99], [0.2, 1.0])]},
     )

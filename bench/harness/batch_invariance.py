@@ -19,7 +19,8 @@ requests are refused is reported with MAX's reason; the other cells go on.
 With ``--reference CELL`` every other cell's ids (alone and batched) are
 also compared with the reference cell's ids alone, the margin taken from the
 reference, and its batched ids with the reference's batched at the same
-concurrency (a model that is not batch invariant by itself is judged there). That is the MTP check: ours with the Gemma 4 assistant drafting
+concurrency (a model that is not batch invariant by itself is judged there).
+That is the MTP check: ours with the Gemma 4 assistant drafting
 (``attnquant-nvfp4-mtp3:on``, served from ``--mtp-target`` with
 ``--draft-model``) must give the ids of ours without a drafter:
 
@@ -123,8 +124,8 @@ def compare(prompt: int, expected: Greedy, got: list[int]) -> dict:
 
 
 @dataclass
-class Reference:
-    """The reference cell's completions: alone, and batched at each concurrency."""
+class Completions:
+    """A cell's completions: alone, and batched at each concurrency."""
 
     alone: list[Greedy]
     batched: dict[int, list[Greedy]] = field(default_factory=dict)
@@ -132,14 +133,14 @@ class Reference:
 
 def check_cell(
     port: int, model: str, prompts: list[str], tokens: int, concurrencies: list[int],
-    reference: Reference | None, margins: bool,
-) -> tuple[dict, Reference]:
+    reference: Completions | None, margins: bool,
+) -> tuple[dict, Completions]:
     """(the cell's result, its completions). With ``reference`` (another cell's
     completions), every completion is also compared with the reference's alone
     and, batched, with the reference's at the same concurrency: where a model is
     not batch invariant by itself, only the second can tell a drafter's fault."""
     alone = [complete(port, model, p, tokens, margins) for p in prompts]
-    mine = Reference(alone)
+    mine = Completions(alone)
     result: dict = {"alone": [g.ids for g in alone], "batched": {}, "batched_ids": {}, "vs_reference": {},
                     "vs_reference_batched": {}}  # fmt: skip
     if reference is not None:
@@ -201,7 +202,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     servers = {}
     results: dict = {}
-    reference: Reference | None = None
+    reference: Completions | None = None
     try:
         for i, cell in enumerate(cells):
             log = args.out.parent / f"serve-invariance-{cell.slug}.log"

@@ -44,3 +44,17 @@ def test_cpu_patches_still_apply_to_this_max() -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("four CPU refusals patched") == 1  # applied once, idempotent
+
+
+def test_table_marks_each_departure_and_fails_on_any(capsys) -> None:
+    module = bench_module("mtp_cpu_check")
+    greedy = bench_module("serve_benchmark").Greedy
+    same = [greedy("a", [1, 2, 3], "length"), greedy("b", [4, 5, 6], "length")]
+    assert module.print_table(["p0", "p1"], same, same, same, same) == 0
+    late = [greedy("a", [1, 2, 3], "length"), greedy("b", [4, 9, 6], "length")]
+    assert module.print_table(["p0", "p1"], same, same, late, same) == 1
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[-2].startswith("| p0 | = | = | = | = |")
+    assert rows[-1].startswith("| p1 | = | 1 | = | 1 |")  # MTP batched departs from MTP alone and from ours batched
+    assert module.print_table(["p0"], same[:1], late[1:], None, None) == 1  # alone only: one comparison
+    assert capsys.readouterr().out.splitlines()[-1].startswith("| p0 | 0 |")

@@ -185,6 +185,48 @@ def test_margin_pricing_finds_departures_from_the_reference_alone_and_batched() 
     assert margins.reference_differences({"alone": []}, reference) == []  # results from before the comparison
 
 
+def test_margin_pricing_prices_gaps_and_float32_ranks() -> None:
+    """At the departing position: the expected token's gap to the best other,
+    its gap to the token served, and both tokens' float32 ranks (how many
+    tokens lie above each), computed after the expected prefix."""
+    from types import SimpleNamespace
+
+    import torch
+
+    margins = bench_module("invariance_margins")
+    logits = torch.tensor([0.0, 3.0, 2.0, 2.5, -1.0])
+    seen = []
+
+    def model(ids: torch.Tensor) -> SimpleNamespace:
+        seen.append(ids.tolist())
+        return SimpleNamespace(logits=logits.expand(1, ids.shape[1], -1))
+
+    assert [margins.rank(logits, t) for t in (1, 3, 2, 0, 4)] == [0, 1, 2, 3, 4]
+    assert margins.price(model, [9, 9], [1, 2, 0], 1, 3) == "-1.0000 | -0.5000 | 2, 1"
+    assert seen == [[[9, 9, 1]]]  # the prompt and the expected ids before the position
+    assert margins.price(model, [9], [1], 0, None) == "+0.5000 | - | 0, -"
+
+
+def test_first_token_control_ranks_each_first_token_under_its_own_and_the_next_prompt() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    margins = bench_module("invariance_margins")
+    # The logits depend on the prompt's last id: prompt [0] prefers 0 > 1 > 2 > 3, prompt [1] the reverse.
+    table = torch.tensor([[3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0]])
+
+    def model(ids: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=table[ids[0, -1]].expand(1, ids.shape[1], -1))
+
+    line = margins.first_token_control(model, [[0], [1]], [[1, 5], [3, 5]])
+    # own ranks: token 1 under [0] is 1, token 3 under [1] is 0; wrong: token 3 under [0] is 3, token 1 under [1] is 2
+    assert line == (
+        "float32 greedy first token = GPU's alone for 1/2 prompts; the GPU's first tokens alone rank at most 1"
+        " in float32; the next prompt's first token ranks 2 at least, 3 at the median"
+    )
+
+
 def test_starts_sharing_a_launch_lock_come_one_at_a_time_each_settled(monkeypatch, tmp_path: Path) -> None:
     """Each start computes its arena from the memory free after the previous
     server took its own: starts never overlap, and each holds the lock while it settles."""

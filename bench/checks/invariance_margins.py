@@ -11,8 +11,15 @@ the token chosen alone and float32's best other token (and the token chosen
 batched, where the results record it). A gap far below the bf16
 resolution of the logits (about 0.125 at |logit| 16–32) is a near-tie that
 any change of summation order can flip; a large gap means a corrupted
-computation. As a check of the replay itself it also prints how many
-requests' first token alone is float32's greedy token.
+computation. Where the logits are flat by construction (random weights:
+the whole vocabulary within a nat) every gap is small, so it also prints
+each token's float32 rank (how many tokens float32 puts above it): rounding
+picks among float32's first few, a corrupted buffer anywhere in the
+vocabulary. As a check of the replay itself it prints how many requests'
+first token alone is float32's greedy token, the worst float32 rank of
+those first tokens (how far rounding alone reaches on this model), and the
+ranks of another prompt's first token (where a token computed from the wrong
+sequence's context lands: what a mixed-up batch would look like).
 
     python bench/checks/invariance_margins.py RESULTS.json --model ~/.cache/attnquant/models/gemma3-270m
 
@@ -91,14 +98,38 @@ def reference_differences(result: dict, reference: dict) -> list[tuple[int, int,
     return found
 
 
+def rank(lp: torch.Tensor, token: int) -> int:
+    """How many tokens float32 puts above ``token`` (0: its greedy choice)."""
+    return int((lp > lp[token]).sum())
+
+
 def price(model: torch.nn.Module, prompt: list[int], expected: list[int], pos: int, got: int | None) -> str:
-    """``| expected − best other | expected − got |`` at ``pos`` after ``expected[:pos]``, float32."""
+    """``| expected − best other | expected − got | ranks |`` at ``pos`` after ``expected[:pos]``, float32."""
     lp = log_probs(model, prompt + expected[:pos])
     others = lp.clone()
     others[expected[pos]] = -torch.inf
     gap = float(lp[expected[pos]] - others.max())
     to_got = f"{float(lp[expected[pos]] - lp[got]):+.4f}" if got is not None else "-"
-    return f"{gap:+.4f} | {to_got}"
+    ranks = f"{rank(lp, expected[pos])}, {rank(lp, got) if got is not None else '-'}"
+    return f"{gap:+.4f} | {to_got} | {ranks}"
+
+
+def first_token_control(model: torch.nn.Module, prompts: list[list[int]], alone: list[list[int]]) -> str:
+    """How far rounding reaches, and how far a wrong context lands, in float32 ranks.
+
+    Each prompt's first token alone is ranked under its own prompt (what bf16
+    rounding alone does) and under the next prompt (what a token computed from
+    another sequence's context would look like): a departure that ranks like
+    the first is rounding, one that ranks like the second is a mixed-up batch.
+    """
+    lps = [log_probs(model, prompt) for prompt in prompts]
+    own = [rank(lp, ids[0]) for lp, ids in zip(lps, alone)]
+    wrong = sorted(rank(lps[i], alone[(i + 1) % len(alone)][0]) for i in range(len(alone)))
+    return (
+        f"float32 greedy first token = GPU's alone for {own.count(0)}/{len(own)} prompts; the GPU's first"
+        f" tokens alone rank at most {max(own)} in float32; the next prompt's first token ranks"
+        f" {wrong[0]} at least, {wrong[len(wrong) // 2]} at the median"
+    )
 
 
 def main() -> None:
@@ -114,14 +145,16 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     results = read_results(args.results)
     specs = args.cells or [s for s in results if s.startswith("attnquant")]
-    print("| cell | prompt | position | against | float32: expected token − best other (nats) | expected − got |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| cell | prompt | position | against | float32: expected token − best other (nats) | expected − got"
+        " | float32 rank of expected, got |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for spec in specs:
         result = results[spec]
         model = transformers_model(args.model, cell_env(spec))
         prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]), args.prompt_words)]
-        first = sum(int(log_probs(model, prompts[i]).argmax()) == ids[0] for i, ids in enumerate(result["alone"]))
-        print(f"<!-- {spec}: float32 greedy first token = GPU's alone for {first}/{len(result['alone'])} prompts -->")
+        print(f"<!-- {spec}: {first_token_control(model, prompts, result['alone'])} -->")
         by_place: dict[tuple[int, int], list[str]] = {}
         got: dict[tuple[int, int], int | None] = {}
         for prompt, pos, concurrency, token in differences(result):

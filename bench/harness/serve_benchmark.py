@@ -256,14 +256,14 @@ class Greedy:
         return f"empty text from {len(self.token_ids)} tokens ({self.finish_reason}): ids {self.token_ids[:12]}"
 
 
-def greedy_completion(port: int, model: Path, prompt: str, tokens: int) -> Greedy:
+def greedy_completion(port: int, model: Path, prompt: str, tokens: int, timeout_s: float = 300) -> Greedy:
     body = {"model": str(model), "prompt": prompt, "max_tokens": tokens, "temperature": 0.0,
             "return_token_ids": True}  # fmt: skip
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(),
         {"content-type": "application/json"},
     )  # fmt: skip
-    choice = json.loads(urllib.request.urlopen(request, timeout=300).read())["choices"][0]
+    choice = json.loads(urllib.request.urlopen(request, timeout=timeout_s).read())["choices"][0]
     return Greedy(choice["text"], choice.get("token_ids") or [], choice.get("finish_reason"))
 
 

@@ -58,3 +58,145 @@ def test_table_marks_each_departure_and_fails_on_any(capsys) -> None:
     assert rows[-1].startswith("| p1 | = | 1 | = | 1 |")  # MTP batched departs from MTP alone and from ours batched
     assert module.print_table(["p0"], same[:1], late[1:], None, None) == 1  # alone only: one comparison
     assert capsys.readouterr().out.splitlines()[-1].startswith("| p0 | 0 |")
+
+
+# The oracle drafter (bench/harness/oracle_drafter.py): its bookkeeping, driven by a
+# simulated target, so a fault in it cannot pass for a correct MTP path.
+def _oracle_module():
+    return bench_module("oracle_drafter")
+
+
+class _Context:
+    def __init__(self, request_id: str, prompt: list[int]) -> None:
+        self.request_id = request_id
+        self.tokens = type("Tokens", (), {"prompt": prompt})()
+
+
+def test_oracle_matches_a_request_by_the_end_of_its_prompt() -> None:
+    oracle = _oracle_module()
+    entries = [{"prompt_ids": [5, 6], "completion_ids": []}, {"prompt_ids": [4, 5, 6], "completion_ids": []}]
+    assert oracle.matching_entry([2, 4, 5, 6], entries) == 1  # BOS prepended; the longest suffix wins
+    assert oracle.matching_entry([2, 9, 5, 6], entries) == 0
+    assert oracle.matching_entry([2, 6, 5], entries) is None
+
+
+def test_oracle_plans_right_drafts_then_a_wrong_one() -> None:
+    oracle = _oracle_module()
+    reference = [10, 11, 12, 13, 0]
+    assert oracle.planned_drafts(reference, 1, 3, 3) == [11, 12, 13]
+    assert oracle.planned_drafts(reference, 1, 3, 1) == [11, 11, 0]  # 12 planned wrong: any other token
+    assert oracle.planned_drafts(reference, 3, 3, 1) == [13, 1, 0]  # the reference's 0 → 1
+    assert oracle.planned_drafts(reference, 4, 3, 3) == [0, 0, 0]  # past the end: any token
+    assert oracle.leading_matches([11, 12, 9], reference, 1) == 2
+
+
+def _simulate(oracle, reference: list[int], extra_accept: int = 0) -> list[dict]:
+    """A target that accepts the drafts matching ``reference`` (plus ``extra_accept``
+    wrong ones, a faulty target) and emits the reference's next token."""
+    import numpy as np
+
+    state = oracle.Oracle(None, [{"prompt_ids": [7, 8], "completion_ids": reference}])
+    logged: list[dict] = []
+    state._record_plain = state._record
+
+    def record(context, request, verified, accepted, bonus):
+        before = request.committed
+        state._record_plain(context, request, verified, accepted, bonus)
+        if verified.size:
+            logged.append({
+                "drafts": list(verified), "expected": oracle.leading_matches(verified, reference, before),
+                "accepted": accepted, "bonus": bonus,
+                "bonus_expected": reference[before + accepted] if before + accepted < len(reference) else None,
+            })  # fmt: skip
+
+    state._record = record
+    context, committed = _Context("r0", [2, 7, 8]), 0
+    drafts = np.zeros((1, 0), dtype=np.int64)  # prefill: nothing to verify
+    while committed < len(reference):
+        matches = oracle.leading_matches(drafts[0], reference, committed)
+        accepted = min(matches + extra_accept, drafts.shape[1]) if drafts.shape[1] else 0
+        committed += accepted + 1
+        bonus = reference[committed - 1] if committed - 1 < len(reference) else 0
+        drafts = state.step([context], drafts, np.array([accepted]), np.array([bonus]), np.full((1, 3), 42))
+    return logged
+
+
+def test_oracle_drives_every_count_of_accepted_drafts_and_sees_a_correct_target_right() -> None:
+    oracle = _oracle_module()
+    reference = list(range(100, 140))
+    summary, right = oracle.summarize(_simulate(oracle, reference))
+    assert right, summary
+    assert "accepted != drafts matching the reference: 0" in summary
+    for count in range(4):
+        assert f"{count} accepted: " in summary
+
+
+def test_oracle_flags_a_target_that_accepts_a_wrong_draft() -> None:
+    oracle = _oracle_module()
+    summary, right = oracle.summarize(_simulate(oracle, list(range(100, 140)), extra_accept=1))
+    assert not right and "accepted != drafts matching the reference: 0" not in summary
+
+
+def test_oracle_flags_a_check_that_never_accepts() -> None:
+    oracle = _oracle_module()
+    line = {"drafts": [42, 42, 42], "expected": 0, "accepted": 0, "bonus": 1, "bonus_expected": 1}
+    summary, right = oracle.summarize([line, line])
+    assert not right and "UNINFORMATIVE" in summary
+
+
+def test_oracle_installs_on_a_model_class_and_swaps_its_next_drafts(tmp_path: Path, monkeypatch) -> None:
+    """install() on a stand-in for MAX's MTP model, with MAX's real host Buffers;
+    the drafts file is written after install, as batch_invariance.py does."""
+    import numpy as np
+    from max.driver import Buffer
+
+    oracle = _oracle_module()
+    drafts = tmp_path / "drafts.json"
+    verifying = np.array([[21, 22, 9]], dtype=np.int64)  # two right, one wrong
+
+    class Outputs:
+        def __init__(self, accepted: int, bonus: int) -> None:
+            self.num_accepted_draft_tokens = Buffer.from_numpy(np.array([accepted], dtype=np.int64))
+            self.next_tokens = Buffer.from_numpy(np.array([bonus], dtype=np.int64))
+            self.next_draft_tokens = Buffer.from_numpy(np.full((1, 3), 42, dtype=np.int64))
+
+    class Model:
+        def prepare_initial_token_inputs(self, replica_batches, **kwargs):
+            return type("Inputs", (), {"draft_tokens": kwargs["drafts"]})()
+
+        def execute(self, model_inputs):
+            if model_inputs.draft_tokens.to_numpy().shape[1] == 0:
+                return Outputs(0, 20)
+            model_inputs.draft_tokens.to_numpy()[:] = -1  # the graph writes the accepted drafts back: read before
+            return Outputs(2, 23)
+
+    monkeypatch.setenv(oracle.ENV_DRAFTS, str(drafts))
+    oracle.install(Model)
+    oracle.install(Model)  # idempotent
+    model = Model()
+    context = _Context("r", [2, 7, 8])
+
+    def step(batch: list, drafts_in: np.ndarray):
+        return model.execute(model.prepare_initial_token_inputs(batch, drafts=Buffer.from_numpy(drafts_in)))
+
+    nothing = np.zeros((1, 0), dtype=np.int64)
+    warmup = step([[_Context("w", [2, 7, 8])]], nothing)
+    assert warmup.next_draft_tokens.to_numpy().tolist() == [[42, 42, 42]]  # no drafts file yet: left alone
+    oracle.write_entries(drafts, [[7, 8]], [[20, 21, 22, 23, 24, 25, 26]])
+    prefill = step([[context]], nothing)
+    # One token committed; the first schedule slot plans all 3 right.
+    assert prefill.next_draft_tokens.to_numpy().tolist() == [[21, 22, 23]]
+    assert oracle.read_verified(drafts) == []  # a prefill verifies nothing
+    verify = model.execute(model.prepare_initial_token_inputs(replica_batches=[[context]], drafts=Buffer.from_numpy(verifying)))
+    [row] = oracle.read_verified(drafts)
+    assert row["drafts"] == [21, 22, 9] and row["expected"] == 2 and row["accepted"] == 2
+    assert row["bonus"] == row["bonus_expected"] == 23
+    # 1 + 3 committed; the next slot plans 1 right (24), then a wrong one.
+    assert verify.next_draft_tokens.to_numpy().tolist() == [[24, 24, 0]]
+
+
+def test_oracle_setting_passes_attnquant_settings_check() -> None:
+    """attnquant refuses ATTNQUANT_ names it does not know: the oracle's variable must not be one."""
+    from attnquant.config import ENV_PREFIX
+
+    assert not _oracle_module().ENV_DRAFTS.startswith(ENV_PREFIX)

@@ -1,18 +1,24 @@
 """Does ours as the MTP target generate what ours generates alone? On CPU.
 
-``python bench/checks/mtp_cpu_check.py TARGET ASSISTANT MTP_TWIN [--prompt P ...] [--concurrency N --prompts K]``
+``python bench/checks/mtp_cpu_check.py TARGET ASSISTANT MTP_TWIN [--prompt P ...] [--concurrency N --prompts K] [--oracle]``
 
 Serves, one after the other on this host (both NVFP4 unless ``ATTNQUANT_QUANT``
-is set): ours with the Gemma 4 assistant drafting 3 tokens (MAX's MTP path,
-through ``bench/checks/mtp_cpu``'s four CPU patches), then ours without a drafter;
-asks each for the same greedy completions (token ids included), one request
-at a time, and with ``--concurrency N`` (N > 1) again N at a time (each server's
-``--max-batch-size`` N), and prints one row per prompt. In float32 a batch's
-summation order barely moves the logits, so the batched rows test MTP's
-per-sequence bookkeeping (verify pass, bonus token, KV cache) where bf16
-rounding cannot hide a fault; a random assistant's drafts are never
-accepted, so steps that accept them are not tested. Exit status 0 when
-every prompt's ids agree everywhere. The three directories are what
+is set): ours without a drafter, then ours with the Gemma 4 assistant
+drafting 3 tokens (MAX's MTP path, through ``bench/checks/mtp_cpu``'s four CPU
+patches); asks each for the same greedy completions (token ids included),
+one request at a time, and with ``--concurrency N`` (N > 1) again N at a time
+(each server's ``--max-batch-size`` N), and prints one row per prompt. In
+float32 a batch's summation order barely moves the logits, so the batched
+rows test MTP's per-sequence bookkeeping (verify pass, bonus token, KV cache)
+where bf16 rounding cannot hide a fault.
+
+A random assistant's drafts are never accepted, so alone it tests only steps
+that reject them. With ``--oracle`` the drafts are ours-without-a-drafter's
+next tokens instead, the first 3, 1, 0 or 2 right in turn
+(``bench/harness/oracle_drafter.py``): each step accepts as many as match, and
+the line under the table counts the verified rows whose accepted count or
+following token was wrong. Exit status 0 when every prompt's ids agree everywhere (and, with
+``--oracle``, every verified row was right). The three directories are what
 ``make_random_gemma4.py`` and ``make_random_gemma4_assistant.py --mtp-target``
 write (the assistant is copied to float32 first: MAX's CPU path needs it so
 on disk). Each server compiles on first use: minutes on 2 cores.
@@ -36,6 +42,7 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
 from batch_invariance import first_difference, prompt_texts  # noqa: E402
 from serve_benchmark import MAX_CLI, REPO, Greedy, greedy_completion, stop, wait_ready  # noqa: E402
+import oracle_drafter as oracle  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SERVE = ["--devices", "cpu", "--quantization-encoding", "float32", "--max-length", "512"]
@@ -94,6 +101,7 @@ def main() -> int:
     parser.add_argument("--prompt", action="append", help="(repeatable) default: two of batch_invariance.py's word prompts")
     parser.add_argument("--prompts", type=int, default=2, help="how many word prompts (without --prompt)")
     parser.add_argument("--concurrency", type=int, default=1, help="also send every prompt at once, N at a time")
+    parser.add_argument("--oracle", action="store_true", help="draft ours-without-a-drafter's next tokens (bench/harness/oracle_drafter.py)")
     parser.add_argument("--logs", type=Path, default=Path(tempfile.mkdtemp(prefix="mtp-cpu-")))
     args = parser.parse_args()
     # Words the random checkpoint's tokenizer knows: others are <unk>, a zero
@@ -102,20 +110,30 @@ def main() -> int:
     # Both servers quantize the same way: NVFP4 unless ATTNQUANT_QUANT says otherwise.
     quant = os.environ.get("ATTNQUANT_QUANT", "nvfp4")
     env = {"HF_HUB_OFFLINE": "1", "MAX_SERVE_DISABLE_TELEMETRY": "1", "ATTNQUANT_QUANT": quant}
+    # Ours alone first: with --oracle its completions are what the drafter proposes.
+    alone, alone_batched = completions(
+        [sys.executable, str(REPO / "run_max.py"), "serve", "--model-path", str(args.target), *SERVE],
+        env, args.target, prompts, args.logs / "alone.log", args.concurrency,
+    )  # fmt: skip
+    mtp_env = {**env, "PYTHONPATH": str(HERE / "mtp_cpu" / "site")}
+    drafts = args.logs / "oracle-drafts.json"
+    if args.oracle:
+        oracle.write_drafts(drafts, args.target, prompts, [done.token_ids for done in alone])
+        mtp_env[oracle.ENV_DRAFTS] = str(drafts)
     assistant = float32_copy(args.assistant, args.logs / "assistant-f32")
     drafted, drafted_batched = completions(
         [sys.executable, "-c", MAX_CLI, "serve", "--custom-architectures", str(HERE / "mtp_cpu"), "--model-path", str(args.mtp_twin),
          "--draft-model-path", str(assistant), "--speculative-method", "mtp", "--num-speculative-tokens", "3",
          "--tool-parser", "none", *SERVE],
-        {**env, "PYTHONPATH": str(HERE / "mtp_cpu" / "site")}, args.mtp_twin, prompts, args.logs / "mtp.log",
-        args.concurrency,
-    )  # fmt: skip
-    alone, alone_batched = completions(
-        [sys.executable, str(REPO / "run_max.py"), "serve", "--model-path", str(args.target), *SERVE],
-        env, args.target, prompts, args.logs / "alone.log", args.concurrency,
+        mtp_env, args.mtp_twin, prompts, args.logs / "mtp.log", args.concurrency,
     )  # fmt: skip
     print(f"ATTNQUANT_QUANT={quant}; {TOKENS} greedy tokens; server logs: {args.logs}")
-    return print_table(prompts, drafted, alone, drafted_batched, alone_batched)
+    status = print_table(prompts, drafted, alone, drafted_batched, alone_batched)
+    if not args.oracle:
+        return status
+    summary, right = oracle.summarize(oracle.read_verified(drafts))
+    print(summary)
+    return status or (0 if right else 1)
 
 
 def print_table(

@@ -28,6 +28,14 @@ That is the MTP check: ours with the Gemma 4 assistant drafting
         --cells attnquant-nvfp4:on attnquant-nvfp4-mtp3:on attnquant-nvfp4-mtp3:off \\
         --reference attnquant-nvfp4:on --concurrency 8 --out mtp.json
 
+A random assistant's drafts are never accepted; to check steps that accept
+them, ``--oracle-drafts FILE`` writes the reference's ids alone there once
+the reference cell is done, and an MTP cell with capture off and
+``+PYTHONPATH=bench/checks/mtp_cpu/site:$PYTHONPATH+MTP_ORACLE_DRAFTS=FILE`` drafts
+them instead (``oracle_drafter.py``: 3, 1, 0 or 2 right in turn); a line under
+the tables counts its verified rows whose accepted count or following token
+was wrong.
+
 On the H200 (after staging MAX): bench/harness/h200_lease.sh runs it; on CPU it runs
 against CPU servers the same way (slowly). Prints one table; writes every
 request's ids and margins to ``--out``.
@@ -45,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import oracle_drafter  # this directory
 from serve_benchmark import Cell, add_launch_args, launch, served_model, stop, wait_ready  # this directory
 
 PROMPT_TOPICS = (
@@ -188,17 +197,23 @@ def main() -> None:
     parser.add_argument("--reference", help="a cell (one of --cells) every other cell is also compared with")
     parser.add_argument("--draft-model", type=Path, help="the Gemma 4 assistant of *-mtp3 cells")
     parser.add_argument("--mtp-target", type=Path, help="what *-mtp3 cells serve (default: --model)")
+    parser.add_argument("--oracle-drafts", type=Path, help="write the reference's ids here for an oracle-drafted MTP cell")
     add_launch_args(parser)
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
     if args.reference is not None and args.reference not in args.cells:
         parser.error(f"--reference {args.reference} is not one of --cells")
+    if args.oracle_drafts is not None and args.reference is None:
+        parser.error("--oracle-drafts writes the reference cell's ids: it needs --reference")
     # SIGTERM (h200_lease.sh stop) unwinds through the finally below, which stops the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     prompts = prompt_texts(args.prompts, args.prompt_words)
     cells = sorted((Cell.parse(spec) for spec in args.cells), key=lambda c: c.spec != args.reference)
     if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
         parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
+    for cell in cells:
+        if oracle_drafter.ENV_DRAFTS in cell.env and cell.capture:
+            parser.error(f"{cell.spec}: an oracle-drafted cell needs capture off (a replayed graph skips the drafter)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     servers = {}
     results: dict = {}
@@ -225,6 +240,8 @@ def main() -> None:
                 continue
             if cell.spec == args.reference:
                 reference = completions
+                if args.oracle_drafts is not None:
+                    oracle_drafter.write_drafts(args.oracle_drafts, args.model, prompts, [g.ids for g in completions.alone])
             why = uninformative(results[cell.spec]["alone"])
             if why:
                 results[cell.spec]["uninformative"] = why
@@ -254,6 +271,8 @@ def main() -> None:
         for spec, result in results.items():
             for concurrency, rows in result["vs_reference_batched"].items():
                 print(summary_row(spec, concurrency, rows))
+    if args.oracle_drafts is not None:
+        print(f"\n{oracle_drafter.summarize(oracle_drafter.read_verified(args.oracle_drafts))[0]}")
 
 
 if __name__ == "__main__":

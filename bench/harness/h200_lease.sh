@@ -28,10 +28,12 @@
 #   5. NVFP4 quantization on the GPU: speed (bench/kernel_timing/quantize_speed.py),
 #      and every scale search's bits against the CPU's (bench/checks/scale_search_devices.py);
 #   6. MTP: random Gemma 4 at the 31B geometry
-#      (G4_LAYERS layers) with its random assistant drafting 3 tokens, ours
-#      NVFP4 as the target, capture on and off, compared token for token with
+#      (G4_LAYERS layers), ours NVFP4 as the target, compared token for token with
 #      ours NVFP4 without a drafter, alone and at concurrency 8
-#      (bench/harness/batch_invariance.py --reference);
+#      (bench/harness/batch_invariance.py --reference): its random assistant drafting 3
+#      tokens with capture on (never accepted), and with capture off the oracle drafter
+#      (oracle_drafter.py: the reference's next tokens, 3, 1, 0 or 2 of them right in
+#      turn, so steps that accept drafts are checked);
 #   7. beside the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
 #      random weights cut to G27_LAYERS layers for the disk): ours serving its own
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
@@ -104,8 +106,9 @@ mtp() {
   # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
     --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
-    --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:off+ARENA_GIB=23" \
-    --prompt-words --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" \
+    "attnquant-nvfp4-mtp3:off+ARENA_GIB=23+PYTHONPATH=$REPO/bench/checks/mtp_cpu/site:$PYTHONPATH+MTP_ORACLE_DRAFTS=$WORK/mtp/oracle-drafts.json" \
+    --oracle-drafts "$WORK/mtp/oracle-drafts.json" --prompt-words --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
 

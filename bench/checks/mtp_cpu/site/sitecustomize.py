@@ -2,16 +2,28 @@
 
 On PYTHONPATH for bench/checks/mtp_cpu_check.py's servers only: MAX's model worker
 is a separate process, so patching the parent is not enough. The patches run
-right after MAX's ModuleV3 MTP model module is first imported.
+right after MAX's ModuleV3 MTP model module is first imported; with
+MTP_ORACLE_DRAFTS set, bench/harness/oracle_drafter.py's drafter is
+installed after them.
 """
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 TRIGGER = "max.pipelines.architectures.unified_mtp_gemma4_modulev3.model"
-PATCHES = Path(__file__).resolve().parents[1] / "patches.py"
+HERE = Path(__file__).resolve().parents[1]
+ORACLE = HERE.parents[1] / "harness" / "oracle_drafter.py"
+
+
+def _load(name, file):
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # a dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -24,10 +36,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             load(module)
-            patches_spec = importlib.util.spec_from_file_location("attnquant_mtp_cpu_patches", PATCHES)
-            patches = importlib.util.module_from_spec(patches_spec)
-            patches_spec.loader.exec_module(patches)
-            patches.apply()
+            _load("attnquant_mtp_cpu_patches", HERE / "patches.py").apply()
+            oracle = _load("attnquant_oracle_drafter", ORACLE)
+            if oracle.ENV_DRAFTS in os.environ:
+                oracle.install(module.UnifiedMTPGemma4ModuleV3Model)
 
         spec.loader.exec_module = exec_module
         return spec

@@ -1,0 +1,237 @@
+"""An oracle drafter: MAX's MTP drafts replaced by a reference completion's next tokens.
+
+For ``bench/checks/mtp_cpu_check.py --oracle`` (CPU) and the MTP cells of
+``bench/harness/batch_invariance.py --oracle-drafts`` (GPU, capture off: a
+replayed graph bypasses the hook); attnquant never installs it. It rides in
+with ``bench/checks/mtp_cpu/site/sitecustomize.py`` on the server's
+PYTHONPATH, whose CPU patches change nothing on a GPU.
+A random assistant's drafts are never accepted, so every step of such a check
+rejects them: the verify pass's accepting half (several committed tokens per
+step, the KV cache kept for accepted drafts, the bonus token after them) goes
+untested. Here the drafts come from what ours generated without a drafter
+(the reference), so they are accepted exactly as far as the target agrees
+with the reference.
+
+After each step of MAX's fused MTP graph this overwrites the graph's next
+drafts, row by row, with the reference's next tokens, the first few right and
+the rest wrong, cycling through ``SCHEDULE`` (so 0, 1, 2 and 3 accepted drafts
+all occur). Before each verify step it reads the drafts the graph is about to
+verify, and after it, how many the graph accepted; one JSON line per verified
+row goes to ``verified_log(drafts file)``. A correct target accepts exactly
+the drafts that match the reference and emits the reference's token after
+them; ``summarize`` counts the rows where it did not.
+
+``MTP_ORACLE_DRAFTS`` names the drafts file, a JSON list of
+``{"prompt_ids": [...], "completion_ids": [...]}`` (``write_drafts``); it may
+be written after the server starts (read at the first request that finds
+it). A request is matched to the entry whose prompt ids end its own (the
+server may prepend a BOS); unmatched requests (MAX's warmup) keep the
+assistant's drafts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENV_DRAFTS = "MTP_ORACLE_DRAFTS"  # not ATTNQUANT_*: attnquant refuses an ATTNQUANT_ name it does not know
+# Drafts planned right per step, in turn (offset per request): every count of
+# accepted drafts from 0 to 3 occurs for each request.
+SCHEDULE = (3, 1, 0, 2)
+_MARK = "_attnquant_oracle_installed"
+
+
+def verified_log(drafts: Path) -> Path:
+    """Where the verified rows of a run drafting from ``drafts`` are logged (one JSON line each)."""
+    return drafts.with_name(f"{drafts.stem}-verified.jsonl")
+
+
+def write_entries(drafts: Path, prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
+    """The drafts file: each prompt's ids (no special tokens) and its reference completion."""
+    assert len(prompt_ids) == len(completions), (len(prompt_ids), len(completions))
+    entries = [{"prompt_ids": list(p), "completion_ids": list(c)} for p, c in zip(prompt_ids, completions)]
+    verified_log(drafts).unlink(missing_ok=True)  # an earlier run's rows would be counted with these
+    partial = drafts.with_name(f"{drafts.name}.partial")
+    partial.write_text(json.dumps(entries))
+    partial.replace(drafts)  # a server reads it whole or not at all
+
+
+def write_drafts(drafts: Path, model: Path, prompts: Sequence[str], completions: Sequence[Sequence[int]]) -> None:
+    """The drafts file for ``prompts`` as ``model``'s tokenizer reads them, and their reference ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+    write_entries(drafts, prompt_ids, completions)
+
+
+def read_verified(drafts: Path) -> list[dict[str, Any]]:
+    """The verified rows logged for ``drafts`` (none when nothing verified)."""
+    log = verified_log(drafts)
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def matching_entry(prompt_ids: Sequence[int], entries: Sequence[dict[str, list[int]]]) -> int | None:
+    """The index of the entry whose prompt ids end ``prompt_ids`` (the longest such), or None."""
+    best: int | None = None
+    for i, entry in enumerate(entries):
+        key = entry["prompt_ids"]
+        if key and len(key) <= len(prompt_ids) and list(prompt_ids[-len(key):]) == key:
+            if best is None or len(key) > len(entries[best]["prompt_ids"]):
+                best = i
+    return best
+
+
+def leading_matches(drafts: Sequence[int], reference: Sequence[int], start: int) -> int:
+    """How many of ``drafts`` equal ``reference[start:]``, counted from the first."""
+    count = 0
+    for draft, expected in zip(drafts, reference[start:]):
+        if int(draft) != expected:
+            break
+        count += 1
+    return count
+
+
+def planned_drafts(reference: Sequence[int], start: int, width: int, right: int) -> list[int]:
+    """``width`` drafts after ``start`` tokens: the reference's next ``right``, then a wrong one.
+
+    Past the reference's end any token serves (the server stops there).
+    """
+    assert 0 <= right <= width, (right, width)
+    drafts = list(reference[start:start + right])
+    position = start + len(drafts)
+    if len(drafts) < width and position < len(reference):
+        expected = reference[position]
+        drafts.append(expected + 1 if expected == 0 else expected - 1)  # any other token
+    return drafts + [0] * (width - len(drafts))
+
+
+@dataclass
+class Request:
+    """One matched request: its reference and how many of its tokens are committed."""
+
+    reference: list[int]
+    offset: int
+    committed: int = 0
+    verify_steps: int = 0
+
+
+class Oracle:
+    """Per-request bookkeeping across steps of the fused graph."""
+
+    def __init__(self, drafts: Path | None, entries: Sequence[dict[str, list[int]]] = ()) -> None:
+        self.drafts = drafts
+        self.entries = list(entries)
+        self.log = None if drafts is None else verified_log(drafts)
+        self.requests: dict[Any, Request | None] = {}
+
+    def _request(self, context: Any) -> Request | None:
+        key = context.request_id
+        if key not in self.requests:
+            if not self.entries and self.drafts is not None and self.drafts.exists():
+                self.entries = json.loads(self.drafts.read_text())
+            index = matching_entry([int(t) for t in context.tokens.prompt], self.entries)
+            self.requests[key] = (
+                None if index is None else Request(list(self.entries[index]["completion_ids"]), index)
+            )
+        return self.requests[key]
+
+    def step(
+        self, contexts: Sequence[Any], verified: np.ndarray, accepted: np.ndarray,
+        next_tokens: np.ndarray, next_drafts: np.ndarray,
+    ) -> np.ndarray:  # fmt: skip
+        """Records one step's rows; returns the next drafts with matched rows replaced."""
+        assert verified.shape[0] == len(contexts) == next_drafts.shape[0], (verified.shape, len(contexts))
+        out = next_drafts.copy()
+        for row, context in enumerate(contexts):
+            request = self._request(context)
+            if request is None:
+                continue
+            self._record(context, request, verified[row], int(accepted[row]), int(next_tokens[row]))
+            right = SCHEDULE[(request.verify_steps + request.offset) % len(SCHEDULE)]
+            width = out.shape[1]
+            out[row] = planned_drafts(request.reference, request.committed, width, min(right, width))
+        return out
+
+    def _record(self, context: Any, request: Request, verified: np.ndarray, accepted: int, bonus: int) -> None:
+        before = request.committed
+        if verified.size == 0:  # a prefill or mixed step: one token, no drafts
+            accepted = 0
+        else:
+            request.verify_steps += 1
+        request.committed += accepted + 1
+        if verified.size and self.log is not None:
+            reference = request.reference
+            line = {
+                "request": str(context.request_id), "committed": before, "drafts": [int(t) for t in verified],
+                "expected": leading_matches(verified, reference, before), "accepted": accepted,
+                "bonus": bonus, "bonus_expected": reference[before + accepted] if before + accepted < len(reference) else None,
+            }  # fmt: skip
+            with self.log.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+
+def summarize(lines: Sequence[dict[str, Any]]) -> tuple[str, bool]:
+    """One sentence on the verified rows, and whether every one was right and all counts occurred."""
+    counts = Counter(line["accepted"] for line in lines)
+    wrong = [line for line in lines if line["accepted"] != line["expected"]]
+    bonus_wrong = [
+        line for line in lines if line["bonus_expected"] is not None and line["bonus"] != line["bonus_expected"]
+    ]
+    widths = {len(line["drafts"]) for line in lines}
+    covered = bool(lines) and all(counts[n] for n in range(max(widths, default=0) + 1))
+    histogram = ", ".join(f"{n} accepted: {counts[n]}" for n in sorted(counts))
+    text = (
+        f"oracle drafter: {len(lines)} verified rows ({histogram}); accepted != drafts matching the "
+        f"reference: {len(wrong)}; token after them != the reference's: {len(bonus_wrong)}"
+    )
+    if not covered:
+        text += "; UNINFORMATIVE: not every count of accepted drafts occurred"
+    return text, covered and not wrong and not bonus_wrong
+
+
+def _host(buffer: Any) -> np.ndarray:
+    from max.driver import CPU
+
+    return np.array(buffer.to(CPU()).to_numpy(), copy=True)
+
+
+def install(model_class: type) -> None:
+    """Wraps ``model_class``'s input preparation (to see the batch) and execute (to swap drafts)."""
+    if getattr(model_class, _MARK, False):
+        return
+    from max.driver import Buffer
+
+    oracle = Oracle(Path(os.environ[ENV_DRAFTS]))
+    prepare = model_class.prepare_initial_token_inputs
+    execute = model_class.execute
+
+    def prepare_initial_token_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batches = kwargs["replica_batches"] if "replica_batches" in kwargs else args[0]
+        self._oracle_contexts = [context for batch in batches for context in batch]
+        return prepare(self, *args, **kwargs)
+
+    def execute_with_oracle(self: Any, model_inputs: Any) -> Any:
+        verified = _host(model_inputs.draft_tokens)  # before the graph writes the accepted ones back
+        outputs = execute(self, model_inputs)
+        next_drafts = oracle.step(
+            self._oracle_contexts, verified, _host(outputs.num_accepted_draft_tokens),
+            _host(outputs.next_tokens), _host(outputs.next_draft_tokens),
+        )  # fmt: skip
+        source = Buffer.from_numpy(np.ascontiguousarray(next_drafts))
+        outputs.next_draft_tokens.inplace_copy_from(source)
+        # On a GPU the copy is queued: the host array must outlive it.
+        outputs.next_draft_tokens.device.synchronize()
+        return outputs
+
+    model_class.prepare_initial_token_inputs = prepare_initial_token_inputs
+    model_class.execute = execute_with_oracle
+    setattr(model_class, _MARK, True)
+    print(f"mtp_cpu: oracle drafter installed, drafting from {oracle.drafts}", flush=True)

@@ -109,6 +109,22 @@ def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_pat
     assert "ATTNQUANT_LM_HEAD=nvfp4" in padding
 
 
+def test_mtp_phase_drafts_from_the_oracle_with_capture_off_and_keeps_maxs_path(tmp_path: Path) -> None:
+    """The oracle cell must skip capture (a replayed graph bypasses the drafter), read
+    the file batch_invariance writes, and keep the device's PYTHONPATH (MAX lives there)."""
+    from tests.bench_modules import bench_module
+
+    _, calls = _run_with_stubs(tmp_path, "mtp", PYTHONPATH="/tmp/site")
+    mtp = next(c for c in calls if "batch_invariance.py" in c)
+    drafts = mtp.split("--oracle-drafts ")[1].split()[0]
+    [spec] = [token for token in mtp.split() if "MTP_ORACLE_DRAFTS=" in token]
+    cell = bench_module("serve_benchmark").Cell.parse(spec)
+    assert not cell.capture and cell.drafted_tokens == 3
+    assert cell.env[bench_module("oracle_drafter").ENV_DRAFTS] == drafts
+    path = cell.env["PYTHONPATH"].split(":")
+    assert (Path(path[0]) / "sitecustomize.py").is_file() and "/tmp/site" in path
+
+
 def test_invariance_models_picks_the_checkpoints(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_MODELS="1b")
     models = [c.split("--model ")[1].split()[0].rsplit("/", 1)[-1] for c in calls if "batch_invariance.py" in c]

@@ -276,3 +276,22 @@ def test_completions_that_ignore_their_prompts_are_flagged() -> None:
     assert "ignores the prompts" in invariance.uninformative([[0] * 48] * 16)
     assert invariance.uninformative([[0] * 48, [0] * 47 + [5]]) is None
     assert invariance.uninformative([[7, 8]]) is None  # one prompt: nothing to tell from
+
+
+@pytest.mark.parametrize(
+    ("cells", "extra", "why"),
+    [
+        (["attnquant-nvfp4:on"], ["--oracle-drafts", "d.json"], "needs --reference"),
+        (["attnquant-nvfp4:on", "attnquant-nvfp4-mtp3:on+MTP_ORACLE_DRAFTS=d.json"],
+         ["--reference", "attnquant-nvfp4:on", "--oracle-drafts", "d.json", "--draft-model", "a"], "needs capture off"),
+    ],
+)  # fmt: skip
+def test_an_oracle_drafted_cell_that_cannot_work_is_refused_before_any_server(
+    monkeypatch, capsys, cells: list[str], extra: list[str], why: str
+) -> None:
+    invariance = bench_module("batch_invariance")
+    monkeypatch.setattr(invariance, "launch", lambda *a: pytest.fail("a server was started"))
+    monkeypatch.setattr("sys.argv", ["batch_invariance.py", "--model", "m", "--out", "o.json", "--cells", *cells, *extra])
+    with pytest.raises(SystemExit) as exit_:
+        invariance.main()
+    assert exit_.value.code == 2 and why in capsys.readouterr().err

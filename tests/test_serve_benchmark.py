@@ -295,3 +295,24 @@ def test_an_oracle_drafted_cell_that_cannot_work_is_refused_before_any_server(
     with pytest.raises(SystemExit) as exit_:
         invariance.main()
     assert exit_.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_an_earlier_runs_oracle_drafts_are_gone_before_any_server_starts(monkeypatch, tmp_path: Path) -> None:
+    invariance = bench_module("batch_invariance")
+    drafts = tmp_path / "d.json"
+    drafts.write_text("[]")
+    invariance.oracle_drafter.verified_log(drafts).write_text('{"accepted": 3}\n')
+
+    class Started(Exception):
+        pass
+
+    def launch(*args):
+        assert not drafts.exists() and not invariance.oracle_drafter.verified_log(drafts).exists()
+        raise Started
+
+    monkeypatch.setattr(invariance, "launch", launch)
+    monkeypatch.setattr("sys.argv", ["batch_invariance.py", "--model", "m", "--out", str(tmp_path / "o.json"),
+                                     "--cells", "attnquant-nvfp4:on", "--reference", "attnquant-nvfp4:on",
+                                     "--oracle-drafts", str(drafts)])  # fmt: skip
+    with pytest.raises(Started):
+        invariance.main()

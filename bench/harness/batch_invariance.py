@@ -215,6 +215,8 @@ def main() -> None:
         if oracle_drafter.ENV_DRAFTS in cell.env and cell.capture:
             parser.error(f"{cell.spec}: an oracle-drafted cell needs capture off (a replayed graph skips the drafter)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.oracle_drafts is not None:
+        oracle_drafter.clear(args.oracle_drafts)  # before any server could read it
     servers = {}
     results: dict = {}
     reference: Completions | None = None

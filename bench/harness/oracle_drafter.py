@@ -53,11 +53,17 @@ def verified_log(drafts: Path) -> Path:
     return drafts.with_name(f"{drafts.stem}-verified.jsonl")
 
 
+def clear(drafts: Path) -> None:
+    """Removes an earlier run's drafts file and verified rows (a server would read them)."""
+    drafts.unlink(missing_ok=True)
+    verified_log(drafts).unlink(missing_ok=True)
+
+
 def write_entries(drafts: Path, prompt_ids: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
     """The drafts file: each prompt's ids (no special tokens) and its reference completion."""
     assert len(prompt_ids) == len(completions), (len(prompt_ids), len(completions))
     entries = [{"prompt_ids": list(p), "completion_ids": list(c)} for p, c in zip(prompt_ids, completions)]
-    verified_log(drafts).unlink(missing_ok=True)  # an earlier run's rows would be counted with these
+    clear(drafts)
     partial = drafts.with_name(f"{drafts.name}.partial")
     partial.write_text(json.dumps(entries))
     partial.replace(drafts)  # a server reads it whole or not at all

@@ -90,26 +90,12 @@ def test_oracle_plans_right_drafts_then_a_wrong_one() -> None:
     assert oracle.leading_matches([11, 12, 9], reference, 1) == 2
 
 
-def _simulate(oracle, reference: list[int], extra_accept: int = 0) -> list[dict]:
+def _simulate(oracle, reference: list[int], drafts_file: Path, extra_accept: int = 0) -> list[dict]:
     """A target that accepts the drafts matching ``reference`` (plus ``extra_accept``
-    wrong ones, a faulty target) and emits the reference's next token."""
+    wrong ones, a faulty target) and emits the reference's next token; the logged rows."""
     import numpy as np
 
-    state = oracle.Oracle(None, [{"prompt_ids": [7, 8], "completion_ids": reference}])
-    logged: list[dict] = []
-    state._record_plain = state._record
-
-    def record(context, request, verified, accepted, bonus):
-        before = request.committed
-        state._record_plain(context, request, verified, accepted, bonus)
-        if verified.size:
-            logged.append({
-                "drafts": list(verified), "expected": oracle.leading_matches(verified, reference, before),
-                "accepted": accepted, "bonus": bonus,
-                "bonus_expected": reference[before + accepted] if before + accepted < len(reference) else None,
-            })  # fmt: skip
-
-    state._record = record
+    state = oracle.Oracle(drafts_file, [{"prompt_ids": [7, 8], "completion_ids": reference}])
     context, committed = _Context("r0", [2, 7, 8]), 0
     drafts = np.zeros((1, 0), dtype=np.int64)  # prefill: nothing to verify
     while committed < len(reference):
@@ -118,22 +104,22 @@ def _simulate(oracle, reference: list[int], extra_accept: int = 0) -> list[dict]
         committed += accepted + 1
         bonus = reference[committed - 1] if committed - 1 < len(reference) else 0
         drafts = state.step([context], drafts, np.array([accepted]), np.array([bonus]), np.full((1, 3), 42))
-    return logged
+    return oracle.read_verified(drafts_file)
 
 
-def test_oracle_drives_every_count_of_accepted_drafts_and_sees_a_correct_target_right() -> None:
+def test_oracle_drives_every_count_of_accepted_drafts_and_sees_a_correct_target_right(tmp_path: Path) -> None:
     oracle = _oracle_module()
     reference = list(range(100, 140))
-    summary, right = oracle.summarize(_simulate(oracle, reference))
+    summary, right = oracle.summarize(_simulate(oracle, reference, tmp_path / "d.json"))
     assert right, summary
     assert "accepted != drafts matching the reference: 0" in summary
     for count in range(4):
         assert f"{count} accepted: " in summary
 
 
-def test_oracle_flags_a_target_that_accepts_a_wrong_draft() -> None:
+def test_oracle_flags_a_target_that_accepts_a_wrong_draft(tmp_path: Path) -> None:
     oracle = _oracle_module()
-    summary, right = oracle.summarize(_simulate(oracle, list(range(100, 140)), extra_accept=1))
+    summary, right = oracle.summarize(_simulate(oracle, list(range(100, 140)), tmp_path / "d.json", extra_accept=1))
     assert not right and "accepted != drafts matching the reference: 0" not in summary
 
 

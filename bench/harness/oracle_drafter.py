@@ -156,32 +156,37 @@ class Oracle:
         """Records one step's rows; returns the next drafts with matched rows replaced."""
         assert verified.shape[0] == len(contexts) == next_drafts.shape[0], (verified.shape, len(contexts))
         out = next_drafts.copy()
+        lines = []
         for row, context in enumerate(contexts):
             request = self._request(context)
             if request is None:
                 continue
-            self._record(context, request, verified[row], int(accepted[row]), int(next_tokens[row]))
+            line = self._record(request, verified[row], int(accepted[row]), int(next_tokens[row]))
+            if line is not None:
+                lines.append({"request": str(context.request_id), **line})
             right = SCHEDULE[(request.verify_steps + request.offset) % len(SCHEDULE)]
             width = out.shape[1]
             out[row] = planned_drafts(request.reference, request.committed, width, min(right, width))
+        if lines and self.log is not None:
+            with self.log.open("a") as f:
+                f.writelines(json.dumps(line) + "\n" for line in lines)
         return out
 
-    def _record(self, context: Any, request: Request, verified: np.ndarray, accepted: int, bonus: int) -> None:
+    @staticmethod
+    def _record(request: Request, verified: np.ndarray, accepted: int, bonus: int) -> dict[str, Any] | None:
+        """Advances ``request`` past one step; the verified row's line (None: nothing verified)."""
         before = request.committed
         if verified.size == 0:  # a prefill or mixed step: one token, no drafts
-            accepted = 0
-        else:
-            request.verify_steps += 1
+            request.committed += 1
+            return None
+        request.verify_steps += 1
         request.committed += accepted + 1
-        if verified.size and self.log is not None:
-            reference = request.reference
-            line = {
-                "request": str(context.request_id), "committed": before, "drafts": [int(t) for t in verified],
-                "expected": leading_matches(verified, reference, before), "accepted": accepted,
-                "bonus": bonus, "bonus_expected": reference[before + accepted] if before + accepted < len(reference) else None,
-            }  # fmt: skip
-            with self.log.open("a") as f:
-                f.write(json.dumps(line) + "\n")
+        reference = request.reference
+        return {
+            "committed": before, "drafts": [int(t) for t in verified],
+            "expected": leading_matches(verified, reference, before), "accepted": accepted,
+            "bonus": bonus, "bonus_expected": reference[before + accepted] if before + accepted < len(reference) else None,
+        }  # fmt: skip
 
 
 def summarize(lines: Sequence[dict[str, Any]]) -> tuple[str, bool]:

@@ -218,9 +218,9 @@ SETTINGS: tuple[Setting, ...] = (
     _choice(
         "ATTNQUANT_MTP_ON_GPU", "mtp_on_gpu", ("refuse", "allow"), "refuse",
         "Gemma 4 with an MTP drafter (--draft-model) on a GPU: refuse = stop at load with an "
-        "error, because steps that accept drafted tokens have not yet been checked against ours "
-        "without a drafter on a GPU (docs/quickstart.md, Speculative decoding); allow = serve "
-        "it, with a warning.",
+        "error, because steps that accept drafted tokens in a captured decode step (MAX's "
+        "default) have not yet been checked against ours without a drafter on a GPU "
+        "(docs/quickstart.md, Speculative decoding); allow = serve it, with a warning.",
     ),
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),

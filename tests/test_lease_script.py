@@ -78,12 +78,14 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
 
 def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str], list[str]]:
     """Runs the lease script with python3 and nvidia-smi replaced by stubs
-    that log their arguments: (progress lines, python3 calls), in order."""
+    that log their arguments: (progress lines, python3 calls), in order. A call
+    whose arguments hold STUB_SLOW takes 12 s (the script polls every 5 s)."""
     stubs, work = tmp_path / "stubs", tmp_path / "work"
     stubs.mkdir()
     work.mkdir()
     calls = work / "calls.log"
-    (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $* [cache ${{XDG_CACHE_HOME:-}}]" >> {calls}\nsleep 0.3\n')
+    (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $* [cache ${{XDG_CACHE_HOME:-}}]" >> {calls}\n'
+                                    '[[ -n "${STUB_SLOW:-}" && "$*" == *"$STUB_SLOW"* ]] && sleep 12\nsleep 0.3\n')
     (stubs / "nvidia-smi").write_text("#!/bin/bash\necho gpu\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
@@ -109,9 +111,17 @@ def test_phases_after_mtp_wait_for_it_and_random_models_get_word_prompts(tmp_pat
     assert "ATTNQUANT_LM_HEAD=nvfp4" in padding
 
 
-def test_mtp_phase_drafts_from_the_oracle_with_capture_off_and_keeps_maxs_path(tmp_path: Path) -> None:
-    """The oracle cell must skip capture (a replayed graph bypasses the drafter), read
-    the file batch_invariance writes, and keep the device's PYTHONPATH (MAX lives there)."""
+def test_the_4b_geometry_alone_compiles_beside_mtp(tmp_path: Path) -> None:
+    """Without the 1B phases nothing holds big4b back: it fits the card beside MTP."""
+    progress, calls = _run_with_stubs(tmp_path, "mtp big4b", STUB_SLOW="batch_invariance.py")
+    assert progress.index("big4b") < progress.index("mtp done"), progress
+    big4b = next(c for c in calls if "serve_benchmark.py" in c and "g3-4b" in c)
+    assert "--launch-lock" in big4b  # its starts take turns with MTP's
+
+
+def test_mtp_phase_drafts_from_the_oracle_with_capture_and_keeps_maxs_path(tmp_path: Path) -> None:
+    """The oracle cell runs as users serve (capture on; its drafter wraps the replay too),
+    reads the file batch_invariance writes, and keeps the device's PYTHONPATH (MAX lives there)."""
     from tests.bench_modules import bench_module
 
     _, calls = _run_with_stubs(tmp_path, "mtp", PYTHONPATH="/tmp/site")
@@ -119,7 +129,7 @@ def test_mtp_phase_drafts_from_the_oracle_with_capture_off_and_keeps_maxs_path(t
     drafts = mtp.split("--oracle-drafts ")[1].split()[0]
     [spec] = [token for token in mtp.split() if "MTP_ORACLE_DRAFTS=" in token]
     cell = bench_module("serve_benchmark").Cell.parse(spec)
-    assert not cell.capture and cell.drafted_tokens == 3
+    assert cell.capture and cell.drafted_tokens == 3
     assert cell.env[bench_module("oracle_drafter").ENV_DRAFTS] == drafts
     path = cell.env["PYTHONPATH"].split(":")
     assert (Path(path[0]) / "sitecustomize.py").is_file() and "/tmp/site" in path
@@ -153,3 +163,17 @@ def test_cachecheck_without_a_carried_cache_says_so(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path, "cachecheck", CARRIED_CACHE=str(tmp_path / "absent"))
     assert not [c for c in calls if "sm90_matmul_shapes.py" in c]
     assert "no carried cache at" in (tmp_path / "work" / "cachecheck.txt").read_text()
+
+
+def test_collect_brings_back_the_oracle_drafters_verified_rows(tmp_path: Path) -> None:
+    """Without its rows a GPU oracle run says only totals, mixing the rows its
+    requests verified on the reference with those after they left it."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "mtp").mkdir(parents=True)
+    (work / "progress.log").write_text("09:53:17 mtp done\n")
+    (work / "mtp.txt").write_text("oracle drafter: 2 verified rows\n")
+    (work / "mtp" / "oracle-drafts-verified.jsonl").write_text('{"request": "r0", "accepted": 3}\n')
+    env = {**os.environ, "WORK": str(work), "OUT": str(out)}
+    subprocess.run(["bash", str(LEASE), "collect"], env=env, check=True, timeout=60, capture_output=True)
+    assert (out / "invariance.txt").read_text().splitlines() == [
+        "oracle drafter: 2 verified rows", '{"request": "r0", "accepted": 3}']

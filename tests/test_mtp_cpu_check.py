@@ -112,7 +112,7 @@ def test_oracle_drives_every_count_of_accepted_drafts_and_sees_a_correct_target_
     reference = list(range(100, 140))
     summary, right = oracle.summarize(_simulate(oracle, reference, tmp_path / "d.json"))
     assert right, summary
-    assert "accepted != drafts matching the reference: 0" in summary
+    assert "faults: 0; departures from the reference: 0" in summary
     for count in range(4):
         assert f"{count} accepted: " in summary
 
@@ -120,7 +120,30 @@ def test_oracle_drives_every_count_of_accepted_drafts_and_sees_a_correct_target_
 def test_oracle_flags_a_target_that_accepts_a_wrong_draft(tmp_path: Path) -> None:
     oracle = _oracle_module()
     summary, right = oracle.summarize(_simulate(oracle, list(range(100, 140)), tmp_path / "d.json", extra_accept=1))
-    assert not right and "accepted != drafts matching the reference: 0" not in summary
+    assert not right and "faults: 1;" in summary  # the rest of that request is not judged
+    verdicts = oracle.judge(_simulate(oracle, list(range(100, 140)), tmp_path / "e.json", extra_accept=1))
+    fault = verdicts.index("fault")
+    assert set(verdicts[:fault]) == {"right"} and set(verdicts[fault + 1:]) == {"off"}, verdicts
+
+
+def _row(request: str, committed: int, expected: int, accepted: int, bonus: int, bonus_expected: int) -> dict:
+    return {"request": request, "committed": committed, "drafts": [1, 2, 3], "expected": expected,
+            "accepted": accepted, "bonus": bonus, "bonus_expected": bonus_expected}  # fmt: skip
+
+
+def test_oracle_reads_rows_per_request_and_stops_judging_one_after_it_departs() -> None:
+    """A GPU target departs from the reference at near-ties; what it is drafted after
+    that comes from a reference it no longer follows."""
+    oracle = _oracle_module()
+    rows = [
+        _row("a", 1, 3, 3, 7, 7), _row("b", 1, 1, 1, 5, 5),
+        _row("a", 5, 2, 1, 9, 8),  # chose 9 where the reference has 8: a departure at 6
+        _row("b", 3, 0, 0, 4, 4), _row("a", 7, 3, 0, 1, 2),  # a: off the reference now
+        _row("b", 4, 2, 1, 6, 6),  # rejected a right draft, then emitted it: a fault
+    ]
+    assert oracle.judge(rows) == ["right", "right", "departure", "right", "off", "fault"]
+    summary, right = oracle.summarize(rows)
+    assert not right and "faults: 1; departures from the reference: 1 (request@position: a@6)" in summary
 
 
 def test_oracle_flags_a_check_that_never_accepts() -> None:
@@ -146,19 +169,26 @@ def test_oracle_installs_on_a_model_class_and_swaps_its_next_drafts(tmp_path: Pa
             self.next_tokens = Buffer.from_numpy(np.array([bonus], dtype=np.int64))
             self.next_draft_tokens = Buffer.from_numpy(np.full((1, 3), 42, dtype=np.int64))
 
+    def graph(model_inputs):
+        if model_inputs.draft_tokens.to_numpy().shape[1] == 0:
+            return Outputs(0, 20)
+        model_inputs.draft_tokens.to_numpy()[:] = -1  # the graph writes the accepted drafts back: read before
+        return Outputs(2, 23)
+
     class Model:
         def prepare_initial_token_inputs(self, replica_batches, **kwargs):
             return type("Inputs", (), {"draft_tokens": kwargs["drafts"]})()
 
         def execute(self, model_inputs):
-            if model_inputs.draft_tokens.to_numpy().shape[1] == 0:
-                return Outputs(0, 20)
-            model_inputs.draft_tokens.to_numpy()[:] = -1  # the graph writes the accepted drafts back: read before
-            return Outputs(2, 23)
+            return graph(model_inputs)
+
+    class Runner:  # MAX's graph-capture runner: a captured step replays, calls no execute
+        def replay(self, *, model_inputs, batch_characteristics):
+            return graph(model_inputs)
 
     monkeypatch.setenv(oracle.ENV_DRAFTS, str(drafts))
-    oracle.install(Model)
-    oracle.install(Model)  # idempotent
+    oracle.install(Model, Runner)
+    oracle.install(Model, Runner)  # idempotent
     model = Model()
     context = _Context("r", [2, 7, 8])
 
@@ -168,7 +198,7 @@ def test_oracle_installs_on_a_model_class_and_swaps_its_next_drafts(tmp_path: Pa
     nothing = np.zeros((1, 0), dtype=np.int64)
     warmup = step([[_Context("w", [2, 7, 8])]], nothing)
     assert warmup.next_draft_tokens.to_numpy().tolist() == [[42, 42, 42]]  # no drafts file yet: left alone
-    oracle.write_entries(drafts, [[7, 8]], [[20, 21, 22, 23, 24, 25, 26]])
+    oracle.write_entries(drafts, [[7, 8]], [list(range(20, 30))])
     prefill = step([[context]], nothing)
     # One token committed; the first schedule slot plans all 3 right.
     assert prefill.next_draft_tokens.to_numpy().tolist() == [[21, 22, 23]]
@@ -179,6 +209,13 @@ def test_oracle_installs_on_a_model_class_and_swaps_its_next_drafts(tmp_path: Pa
     assert row["bonus"] == row["bonus_expected"] == 23
     # 1 + 3 committed; the next slot plans 1 right (24), then a wrong one.
     assert verify.next_draft_tokens.to_numpy().tolist() == [[24, 24, 0]]
+    # A captured step, replayed by the runner: verified and its drafts swapped as well.
+    inputs = model.prepare_initial_token_inputs([[context]], drafts=Buffer.from_numpy(np.array([[24, 9, 9]])))
+    replayed = Runner().replay(model_inputs=inputs, batch_characteristics=None)
+    rows = oracle.read_verified(drafts)
+    assert len(rows) == 2 and rows[1]["committed"] == 4 and rows[1]["drafts"] == [24, 9, 9] and rows[1]["expected"] == 1
+    # 4 + 3 committed; the next slot plans none right: the reference's 27 → 26.
+    assert replayed.next_draft_tokens.to_numpy().tolist() == [[26, 0, 0]]
 
 
 def test_oracle_setting_passes_attnquant_settings_check() -> None:
@@ -186,3 +223,53 @@ def test_oracle_setting_passes_attnquant_settings_check() -> None:
     from attnquant.config import ENV_PREFIX
 
     assert not _oracle_module().ENV_DRAFTS.startswith(ENV_PREFIX)
+
+
+def test_maxs_graph_capture_replay_takes_the_inputs_the_oracle_reads() -> None:
+    """The oracle wraps this method of MAX's (a captured decode step calls no execute)."""
+    import inspect
+
+    from max.pipelines.lib.graph_capture import ServeGraphCaptureRunner
+
+    parameters = inspect.signature(ServeGraphCaptureRunner.replay).parameters
+    assert parameters["model_inputs"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_a_correct_targets_rows_are_what_maxs_mtp_path_logged_on_cpu() -> None:
+    """The replay that prices a GPU run's totals, against every row MAX's own MTP
+    path verified on CPU (4 prompts alone and 4 at a time, all right): request by
+    request, the same drafts, counts and steps, the one past the end included."""
+    oracle = _oracle_module()
+    log = BENCH / "results" / "2026-12-04-cpu-mtp-oracle.txt"
+    rows: dict[str, list[dict]] = {}
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            rows.setdefault(row.pop("request"), []).append(row)
+    assert len(rows) == 8
+    for logged in rows.values():
+        served = [-1]  # the prefill's token: never drafted against
+        for row in logged[:-1]:
+            served += row["drafts"][: row["accepted"]] + [row["bonus"]]
+        served = served[:24]  # the check's greedy tokens
+        offset = oracle.SCHEDULE.index(logged[0]["expected"])
+        replayed = oracle.rows_of_a_correct_target(served, served, offset)
+        assert [{k: r[k] for k in ("committed", "drafts", "expected", "accepted")} for r in replayed] == [
+            {k: r[k] for k in ("committed", "drafts", "expected", "accepted")} for r in logged
+        ]
+
+
+def test_oracle_replay_prices_a_results_file(tmp_path: Path) -> None:
+    """A target that served its reference's ids accepts as planned; one that
+    departs at a position has that request's later rows left unjudged."""
+    reference = [list(range(100, 116)), list(range(200, 216))]
+    served = [reference[0], reference[1][:5] + [9] * 11]
+    results = {"ref": {"alone": reference}, "mtp+MTP_ORACLE_DRAFTS=d": {"alone": served, "batched_ids": {"2": served}}}
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "checks" / "oracle_replay.py"), str(tmp_path / "r.json"), "--cell", "MTP_ORACLE",
+         "--reference", "ref"], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    c1, c2, total = done.stdout.splitlines()
+    assert c1.startswith("c1: ") and "faults: 0; departures from the reference: 1 (request@position: c1/1@5)" in c1
+    assert c2.replace("c2", "c1") == c1 and total.startswith("in all: ")

@@ -282,8 +282,8 @@ def test_completions_that_ignore_their_prompts_are_flagged() -> None:
     ("cells", "extra", "why"),
     [
         (["attnquant-nvfp4:on"], ["--oracle-drafts", "d.json"], "needs --reference"),
-        (["attnquant-nvfp4:on", "attnquant-nvfp4-mtp3:on+MTP_ORACLE_DRAFTS=d.json"],
-         ["--reference", "attnquant-nvfp4:on", "--oracle-drafts", "d.json", "--draft-model", "a"], "needs capture off"),
+        (["attnquant-nvfp4:on", "attnquant-nvfp4:off+MTP_ORACLE_DRAFTS=d.json"],
+         ["--reference", "attnquant-nvfp4:on", "--oracle-drafts", "d.json"], "name a *-mtp3 cell"),
     ],
 )  # fmt: skip
 def test_an_oracle_drafted_cell_that_cannot_work_is_refused_before_any_server(

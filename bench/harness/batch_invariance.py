@@ -30,11 +30,11 @@ That is the MTP check: ours with the Gemma 4 assistant drafting
 
 A random assistant's drafts are never accepted; to check steps that accept
 them, ``--oracle-drafts FILE`` writes the reference's ids alone there once
-the reference cell is done, and an MTP cell with capture off and
+the reference cell is done, and an MTP cell (capture on or off) with
 ``+PYTHONPATH=bench/checks/mtp_cpu/site:$PYTHONPATH+MTP_ORACLE_DRAFTS=FILE`` drafts
 them instead (``oracle_drafter.py``: 3, 1, 0 or 2 right in turn); a line under
-the tables counts its verified rows whose accepted count or following token
-was wrong.
+the tables counts its verified rows by verdict (right, fault, departure from
+the reference, not judged after one).
 
 On the H200 (after staging MAX): bench/harness/h200_lease.sh runs it; on CPU it runs
 against CPU servers the same way (slowly). Prints one table; writes every
@@ -212,8 +212,8 @@ def main() -> None:
     if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
         parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")
     for cell in cells:
-        if oracle_drafter.ENV_DRAFTS in cell.env and cell.capture:
-            parser.error(f"{cell.spec}: an oracle-drafted cell needs capture off (a replayed graph skips the drafter)")
+        if oracle_drafter.ENV_DRAFTS in cell.env and not cell.drafted_tokens:
+            parser.error(f"{cell.spec}: the oracle replaces an MTP drafter's drafts: name a *-mtp3 cell")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.oracle_drafts is not None:
         oracle_drafter.clear(args.oracle_drafts)  # before any server could read it

@@ -31,9 +31,9 @@
 #      (G4_LAYERS layers), ours NVFP4 as the target, compared token for token with
 #      ours NVFP4 without a drafter, alone and at concurrency 8
 #      (bench/harness/batch_invariance.py --reference): its random assistant drafting 3
-#      tokens with capture on (never accepted), and with capture off the oracle drafter
-#      (oracle_drafter.py: the reference's next tokens, 3, 1, 0 or 2 of them right in
-#      turn, so steps that accept drafts are checked);
+#      tokens with capture on (never accepted), and the oracle drafter with capture on
+#      (ORACLE_CAPTURE=off: off; oracle_drafter.py: the reference's next tokens, 3, 1, 0
+#      or 2 of them right in turn, so steps that accept drafts are checked);
 #   7. beside the MTP servers, Gemma 3 27B geometry (Gemma3ForConditionalGeneration,
 #      random weights cut to G27_LAYERS layers for the disk): ours serving its own
 #      ModelOpt export with attention in bf16 (attnquant quantize --ignore self_attn),
@@ -41,13 +41,14 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
-#      ours NVFP4 + capture, c=1 and c=8, after the padding phase (for the memory).
-# With "mtp", phases 2, 3 and 8 start once MTP is done (compiles side by side slow
-# each other down); "big" still compiles beside MTP.
+#      ours NVFP4 + capture, c=1 and c=8, after the padding and invariance phases (for
+#      the memory); beside MTP when neither runs (24 + 28 GiB fit beside its 3 x 23).
+# With "mtp", phases 2 and 3 start once MTP is done (their 1B servers compiling
+# beside MTP's took 10 minutes, alone ~4); "big" and "big4b" alone compile beside MTP.
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -102,12 +103,14 @@ mtp() {
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4" --layers "${G4_LAYERS:-6}" 2>&1 | tail -1
   python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4" "$WORK/g4-assistant" \
     --mtp-target "$WORK/g4-mtp" 2>&1 | tail -1
+  local random_drafter=("attnquant-nvfp4-mtp3:on+ARENA_GIB=23")  # never accepted; with capture
+  [ -n "${MTP_ORACLE_ONLY:-}" ] && random_drafter=()
   # MAX plans 15 GiB of activations beside Gemma 4's weights (19.4 GiB in
   # all at 6 layers) and sizes the KV cache from the arena x --memory-fraction.
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$WORK/g4" --mtp-target "$WORK/g4-mtp" \
     --draft-model "$WORK/g4-assistant" --reference "attnquant-nvfp4:on+ARENA_GIB=23" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
-    --cells "attnquant-nvfp4:on+ARENA_GIB=23" "attnquant-nvfp4-mtp3:on+ARENA_GIB=23" \
-    "attnquant-nvfp4-mtp3:off+ARENA_GIB=23+PYTHONPATH=$REPO/bench/checks/mtp_cpu/site:$PYTHONPATH+MTP_ORACLE_DRAFTS=$WORK/mtp/oracle-drafts.json" \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=23" "${random_drafter[@]}" \
+    "attnquant-nvfp4-mtp3:${ORACLE_CAPTURE:-on}+ARENA_GIB=23+PYTHONPATH=$REPO/bench/checks/mtp_cpu/site:$PYTHONPATH+MTP_ORACLE_DRAFTS=$WORK/mtp/oracle-drafts.json" \
     --oracle-drafts "$WORK/mtp/oracle-drafts.json" --prompt-words --prompts 16 --tokens 48 --concurrency 8 --max-batch-size 8 --memory-fraction 0.95 --port-base 8500 \
     --out "$WORK/mtp/results.json" > "$WORK/mtp.txt" 2>&1
 }
@@ -134,10 +137,10 @@ big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
 }
 
-big4b() {  # after the padding phase's servers (and MTP's, if run) have stopped: 24 + 28 GiB
+big4b() {  # 24 + 28 GiB; its starts take turns with MTP's (each arena is sized from the memory free)
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
-    --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --out "$WORK/g3-4b-bench/results.jsonl" \
+    --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" --out "$WORK/g3-4b-bench/results.jsonl" \
     > "$WORK/big-4b.txt" 2>&1
 }
 
@@ -154,7 +157,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   fi
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
   # a 1B server beside five others compiled in 10 minutes, alone in ~4.
-  ( if wants mtp; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
+  ( if wants mtp && { wants padding || wants invariance; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
@@ -198,7 +201,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
 collect() {  # at most 8 files come back
   mkdir -p "$OUT"
   { cat "$WORK/gpu.txt" "$WORK/progress.log" "$WORK/cachecheck.txt"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
-  cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" > "$OUT/invariance.txt" 2>/dev/null
+  cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
   cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
   cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null

@@ -1,8 +1,9 @@
 """An oracle drafter: MAX's MTP drafts replaced by a reference completion's next tokens.
 
 For ``bench/checks/mtp_cpu_check.py --oracle`` (CPU) and the MTP cells of
-``bench/harness/batch_invariance.py --oracle-drafts`` (GPU, capture off: a
-replayed graph bypasses the hook); attnquant never installs it. It rides in
+``bench/harness/batch_invariance.py --oracle-drafts`` (GPU, capture on or off:
+a captured decode step is a replay of MAX's graph-capture runner, wrapped
+too); attnquant never installs it. It rides in
 with ``bench/checks/mtp_cpu/site/sitecustomize.py`` on the server's
 PYTHONPATH, whose CPU patches change nothing on a GPU.
 A random assistant's drafts are never accepted, so every step of such a check
@@ -19,7 +20,7 @@ all occur). Before each verify step it reads the drafts the graph is about to
 verify, and after it, how many the graph accepted; one JSON line per verified
 row goes to ``verified_log(drafts file)``. A correct target accepts exactly
 the drafts that match the reference and emits the reference's token after
-them; ``summarize`` counts the rows where it did not.
+them; ``judge`` reads each row so, ``summarize`` counts the verdicts.
 
 ``MTP_ORACLE_DRAFTS`` names the drafts file, a JSON list of
 ``{"prompt_ids": [...], "completion_ids": [...]}`` (``write_drafts``); it may
@@ -189,23 +190,85 @@ class Oracle:
         }  # fmt: skip
 
 
+def judge(lines: Sequence[dict[str, Any]]) -> list[str]:
+    """Each verified row's verdict, read per request in step order.
+
+    "right": accepted exactly the drafts matching the reference, then the
+    reference's token. "fault": accepted a draft the reference did not choose,
+    or rejected one and then emitted that very token. "departure": accepted
+    only drafts matching the reference, then chose another token than the
+    reference (on a GPU, rounding can do that: the completions are priced).
+    "off": a row after its request's departure or fault, whose drafts come
+    from a reference the request no longer follows (batched on a GPU, where
+    the target itself is not batch invariant, most rows are these).
+    """
+    left: set[Any] = set()
+    verdicts = []
+    for line in lines:
+        request = line.get("request")
+        if request in left:
+            verdicts.append("off")
+            continue
+        accepted, expected = line["accepted"], line["expected"]
+        bonus_right = line["bonus_expected"] is None or line["bonus"] == line["bonus_expected"]
+        if accepted > expected or (accepted < expected and bonus_right):
+            verdicts.append("fault")
+        elif not bonus_right:
+            verdicts.append("departure")
+        else:
+            verdicts.append("right")
+        if verdicts[-1] != "right":
+            left.add(request)
+    return verdicts
+
+
 def summarize(lines: Sequence[dict[str, Any]]) -> tuple[str, bool]:
-    """One sentence on the verified rows, and whether every one was right and all counts occurred."""
-    counts = Counter(line["accepted"] for line in lines)
-    wrong = [line for line in lines if line["accepted"] != line["expected"]]
-    bonus_wrong = [
-        line for line in lines if line["bonus_expected"] is not None and line["bonus"] != line["bonus_expected"]
-    ]
+    """One sentence on the verified rows, and whether none was a fault and every
+    count of accepted drafts occurred among the right ones."""
+    verdicts = judge(lines)
+    kinds = Counter(verdicts)
+    counts = Counter(line["accepted"] for line, verdict in zip(lines, verdicts) if verdict == "right")
     widths = {len(line["drafts"]) for line in lines}
     covered = bool(lines) and all(counts[n] for n in range(max(widths, default=0) + 1))
     histogram = ", ".join(f"{n} accepted: {counts[n]}" for n in sorted(counts))
+    departures = [f"{line.get('request', '?')[-6:]}@{line['committed'] + line['accepted']}"
+                  for line, verdict in zip(lines, verdicts) if verdict == "departure"]  # fmt: skip
     text = (
-        f"oracle drafter: {len(lines)} verified rows ({histogram}); accepted != drafts matching the "
-        f"reference: {len(wrong)}; token after them != the reference's: {len(bonus_wrong)}"
+        f"oracle drafter: {len(lines)} verified rows; right: {kinds['right']} ({histogram}); "
+        f"faults: {kinds['fault']}; departures from the reference: {kinds['departure']}"
+        f"{' (request@position: ' + ', '.join(departures) + ')' if departures else ''}; "
+        f"after a departure, not judged: {kinds['off']}"
     )
     if not covered:
-        text += "; UNINFORMATIVE: not every count of accepted drafts occurred"
-    return text, covered and not wrong and not bonus_wrong
+        text += "; UNINFORMATIVE: not every count of accepted drafts occurred among the right rows"
+    return text, covered and not kinds["fault"]
+
+
+def rows_of_a_correct_target(served: Sequence[int], reference: Sequence[int], offset: int, width: int = 3) -> list[dict[str, Any]]:
+    """The rows the drafter logs for one request alone when the target accepts
+    exactly the drafts that match its own greedy tokens (``served``: the
+    completion it returned; ``offset``: the request's entry index).
+
+    Its prefill commits one token without a verified row; each step after it
+    verifies ``width`` planned drafts; one last step runs past the completion's
+    end (the server stops the request after it). For totals that came back
+    without their rows: compare their histogram with these rows'.
+    """
+    rows: list[dict[str, Any]] = []
+    committed = 1
+    while committed < len(served):
+        right = SCHEDULE[(len(rows) + offset) % len(SCHEDULE)]
+        drafts = planned_drafts(reference, committed, width, min(right, width))
+        accepted = leading_matches(drafts, served, committed)
+        rows.append({
+            "committed": committed, "drafts": drafts, "expected": leading_matches(drafts, reference, committed),
+            "accepted": accepted, "bonus": served[committed + accepted] if committed + accepted < len(served) else None,
+            "bonus_expected": reference[committed + accepted] if committed + accepted < len(reference) else None,
+        })  # fmt: skip
+        committed += accepted + 1
+    rows.append({"committed": committed, "drafts": [0] * width, "expected": 0, "accepted": 0, "bonus": None,
+                 "bonus_expected": None})  # fmt: skip
+    return rows
 
 
 def _host(buffer: Any) -> np.ndarray:
@@ -214,35 +277,56 @@ def _host(buffer: Any) -> np.ndarray:
     return np.array(buffer.to(CPU()).to_numpy(), copy=True)
 
 
-def install(model_class: type) -> None:
-    """Wraps ``model_class``'s input preparation (to see the batch) and execute (to swap drafts)."""
-    if getattr(model_class, _MARK, False):
-        return
+def _drafting(oracle: Oracle, batch: Sequence[Any], model_inputs: Any, run: Any) -> Any:
+    """Runs one step (``run``), then swaps the next drafts of ``batch``'s matched rows."""
     from max.driver import Buffer
 
+    if getattr(model_inputs, "draft_tokens", None) is None:  # not the MTP model's step
+        return run()
+    verified = _host(model_inputs.draft_tokens)  # before the graph writes the accepted ones back
+    outputs = run()
+    if len(batch) != verified.shape[0]:  # a warmup step, prepared for no request
+        return outputs
+    next_drafts = oracle.step(
+        batch, verified, _host(outputs.num_accepted_draft_tokens),
+        _host(outputs.next_tokens), _host(outputs.next_draft_tokens),
+    )  # fmt: skip
+    source = Buffer.from_numpy(np.ascontiguousarray(next_drafts))
+    outputs.next_draft_tokens.inplace_copy_from(source)
+    # On a GPU the copy is queued: the host array must outlive it.
+    outputs.next_draft_tokens.device.synchronize()
+    return outputs
+
+
+def install(model_class: type, runner_class: type | None = None) -> None:
+    """Wraps ``model_class``'s input preparation (to see the batch) and its
+    ``execute``, and ``runner_class.replay`` (default: MAX's graph-capture
+    runner; a captured decode step replays without calling ``execute``), so
+    that every step's next drafts are swapped, captured or not."""
+    if getattr(model_class, _MARK, False):
+        return
+    if runner_class is None:
+        from max.pipelines.lib.graph_capture import ServeGraphCaptureRunner as runner_class
     oracle = Oracle(Path(os.environ[ENV_DRAFTS]))
+    batch: list[Any] = []  # the contexts of the step the model last prepared
     prepare = model_class.prepare_initial_token_inputs
     execute = model_class.execute
+    replay = runner_class.replay
 
     def prepare_initial_token_inputs(self: Any, *args: Any, **kwargs: Any) -> Any:
         batches = kwargs["replica_batches"] if "replica_batches" in kwargs else args[0]
-        self._oracle_contexts = [context for batch in batches for context in batch]
+        batch[:] = [context for replica in batches for context in replica]
         return prepare(self, *args, **kwargs)
 
     def execute_with_oracle(self: Any, model_inputs: Any) -> Any:
-        verified = _host(model_inputs.draft_tokens)  # before the graph writes the accepted ones back
-        outputs = execute(self, model_inputs)
-        next_drafts = oracle.step(
-            self._oracle_contexts, verified, _host(outputs.num_accepted_draft_tokens),
-            _host(outputs.next_tokens), _host(outputs.next_draft_tokens),
-        )  # fmt: skip
-        source = Buffer.from_numpy(np.ascontiguousarray(next_drafts))
-        outputs.next_draft_tokens.inplace_copy_from(source)
-        # On a GPU the copy is queued: the host array must outlive it.
-        outputs.next_draft_tokens.device.synchronize()
-        return outputs
+        return _drafting(oracle, batch, model_inputs, lambda: execute(self, model_inputs))
+
+    def replay_with_oracle(self: Any, *args: Any, **kwargs: Any) -> Any:
+        model_inputs = kwargs["model_inputs"] if "model_inputs" in kwargs else args[0]
+        return _drafting(oracle, batch, model_inputs, lambda: replay(self, *args, **kwargs))
 
     model_class.prepare_initial_token_inputs = prepare_initial_token_inputs
     model_class.execute = execute_with_oracle
+    runner_class.replay = replay_with_oracle
     setattr(model_class, _MARK, True)
-    print(f"mtp_cpu: oracle drafter installed, drafting from {oracle.drafts}", flush=True)
+    print(f"mtp_cpu: oracle drafter installed (captured steps too), drafting from {oracle.drafts}", flush=True)

@@ -55,11 +55,11 @@ from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
 MTP_ON_GPU = (
-    "Gemma 4 with an MTP drafter on a GPU is verified only where the drafter's tokens are rejected: "
-    "on an sm_90 GPU, with a random drafter whose tokens are never accepted, ours as the target gave "
-    "ours-without-a-drafter's greedy tokens alone and departed from them batched only at bf16 "
-    "near-ties; steps that accept drafted tokens have not been checked on a GPU "
-    "(docs/quickstart.md, Speculative decoding)"
+    "Gemma 4 with an MTP drafter on a GPU is not yet verified as MAX serves it by default: "
+    "on an sm_90 GPU, ours as the target gave ours-without-a-drafter's greedy tokens for requests "
+    "sent alone and departed from them batched only at bf16 near-ties, but steps that accept "
+    "drafted tokens were checked with device graph capture off only; with capture on, only steps "
+    "that reject every draft were (docs/quickstart.md, Speculative decoding)"
 )
 MTP_ON_GPU_REFUSED = (
     f"attnquant: {MTP_ON_GPU}. Serve without --draft-model, or set ATTNQUANT_MTP_ON_GPU=allow "

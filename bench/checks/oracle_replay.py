@@ -1,0 +1,64 @@
+"""What the oracle drafter would have logged, had the target accepted exactly
+the drafts that match its own tokens: for a GPU run whose verified rows did
+not come back, only its totals (``batch_invariance.py``'s last line).
+
+    python bench/checks/oracle_replay.py RESULTS.json --cell ORACLE_CELL --reference REFERENCE_CELL
+
+RESULTS.json is ``batch_invariance.py --oracle-drafts``'s ``--out``. The
+drafts were the reference cell's ids alone; each request's served ids (alone,
+and at each concurrency) replay ``oracle_drafter.rows_of_a_correct_target``.
+A run's totals equal to these say its target accepted as a correct one would
+have, given what it served; they cannot say which rows differ when they do.
+Prints one line per concurrency and their sum, in the drafter's words, each
+with every row's count by accepted drafts (what the run's totals count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "harness"))
+import oracle_drafter  # noqa: E402
+
+
+def replayed(served: list[list[int]], reference: list[list[int]]) -> list[dict]:
+    """Every request's rows; request i drafted from reference i (the drafts file's order)."""
+    n = len(reference)
+    rows = []
+    for request, ids in enumerate(served):
+        index = request % n  # batch_invariance repeats the prompts in order
+        for row in oracle_drafter.rows_of_a_correct_target(ids, reference[index], index):
+            rows.append({"request": str(request), **row})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--cell", required=True, help="the oracle-drafted cell (its spec, or a unique part of it)")
+    parser.add_argument("--reference", required=True, help="the cell whose ids alone were the drafts")
+    args = parser.parse_args()
+    results = json.loads(args.results.read_text())
+    [cell] = [spec for spec in results if args.cell in spec and spec != args.reference]
+    reference = results[args.reference]["alone"]
+    runs = {"c1": results[cell]["alone"], **{f"c{c}": ids for c, ids in results[cell]["batched_ids"].items()}}
+    everything = []
+    for name, served in runs.items():
+        rows = [{**row, "request": f"{name}/{row['request']}"} for row in replayed(served, reference)]
+        everything += rows
+        print(f"{name}: {line(rows)}")
+    print(f"in all: {line(everything)}")
+
+
+def line(rows: list[dict]) -> str:
+    counts = Counter(row["accepted"] for row in rows)
+    every = ", ".join(f"{n}: {counts[n]}" for n in sorted(counts))
+    return f"{oracle_drafter.summarize(rows)[0]}; every row by accepted drafts: {every}"
+
+
+if __name__ == "__main__":
+    main()

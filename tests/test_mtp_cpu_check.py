@@ -225,14 +225,20 @@ def test_oracle_setting_passes_attnquant_settings_check() -> None:
     assert not _oracle_module().ENV_DRAFTS.startswith(ENV_PREFIX)
 
 
-def test_maxs_graph_capture_replay_takes_the_inputs_the_oracle_reads() -> None:
-    """The oracle wraps this method of MAX's (a captured decode step calls no execute)."""
+def test_oracle_wraps_maxs_graph_capture_replay_which_takes_the_inputs_it_reads(monkeypatch, tmp_path: Path) -> None:
+    """A captured decode step calls no execute: MAX's runner replays it."""
     import inspect
 
     from max.pipelines.lib.graph_capture import ServeGraphCaptureRunner
 
     parameters = inspect.signature(ServeGraphCaptureRunner.replay).parameters
     assert parameters["model_inputs"].kind is inspect.Parameter.KEYWORD_ONLY
+    original = ServeGraphCaptureRunner.replay
+    monkeypatch.setattr(ServeGraphCaptureRunner, "replay", original)  # put back after the test
+    monkeypatch.setenv(_oracle_module().ENV_DRAFTS, str(tmp_path / "d.json"))
+    model = type("Model", (), {"prepare_initial_token_inputs": lambda self, b: None, "execute": lambda self, i: None})
+    _oracle_module().install(model)
+    assert ServeGraphCaptureRunner.replay is not original
 
 
 def test_a_correct_targets_rows_are_what_maxs_mtp_path_logged_on_cpu() -> None:

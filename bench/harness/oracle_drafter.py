@@ -244,7 +244,9 @@ def summarize(lines: Sequence[dict[str, Any]]) -> tuple[str, bool]:
     return text, covered and not kinds["fault"]
 
 
-def rows_of_a_correct_target(served: Sequence[int], reference: Sequence[int], offset: int, width: int = 3) -> list[dict[str, Any]]:
+def rows_of_a_correct_target(
+    served: Sequence[int], reference: Sequence[int], offset: int, width: int = 3
+) -> list[dict[str, Any]]:
     """The rows the drafter logs for one request alone when the target accepts
     exactly the drafts that match its own greedy tokens (``served``: the
     completion it returned; ``offset``: the request's entry index).

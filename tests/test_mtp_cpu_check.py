@@ -103,7 +103,7 @@ def _simulate(oracle, reference: list[int], drafts_file: Path, extra_accept: int
         accepted = min(matches + extra_accept, drafts.shape[1]) if drafts.shape[1] else 0
         committed += accepted + 1
         bonus = reference[committed - 1] if committed - 1 < len(reference) else 0
-        drafts = state.step([context], drafts, np.array([accepted]), np.array([bonus]), np.full((1, 3), 42))
+        drafts, _ = state.step([context], drafts, np.array([accepted]), np.array([bonus]), np.full((1, 3), 42))
     return oracle.read_verified(drafts_file)
 
 

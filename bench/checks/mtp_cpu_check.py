@@ -16,13 +16,13 @@ A random assistant's drafts are never accepted, so alone it tests only steps
 that reject them. With ``--oracle`` the drafts are ours-without-a-drafter's
 next tokens instead, the first 3, 1, 0 or 2 right in turn
 (``bench/harness/oracle_drafter.py``): each step accepts as many as match, and
-the line under the table counts the verified rows whose accepted count or
-following token was wrong. Exit status 0 when every prompt's ids agree
-everywhere (and, with ``--oracle``, every verified row was right). The three
-directories are what ``make_random_gemma4.py`` and
-``make_random_gemma4_assistant.py --mtp-target`` write (the assistant is
-copied to float32 first: MAX's CPU path needs it so on disk). Each server
-compiles on first use: minutes on 2 cores.
+the line under the table counts the verified rows by verdict (right, fault,
+departure from the reference, not judged after one). Exit status 0 when every
+prompt's ids agree everywhere (and, with ``--oracle``, no verified row was a
+fault and every count of accepted drafts occurred). The three directories are
+what ``make_random_gemma4.py`` and ``make_random_gemma4_assistant.py
+--mtp-target`` write (the assistant is copied to float32 first: MAX's CPU path
+needs it so on disk). Each server compiles on first use: minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def replayed(served: list[list[int]], reference: list[list[int]]) -> list[dict]:
     for request, ids in enumerate(served):
         index = request % n  # batch_invariance repeats the prompts in order
         for row in oracle_drafter.rows_of_a_correct_target(ids, reference[index], index):
-            rows.append({"request": str(request), **row})
+            rows.append({**row, "request": str(request)})
     return rows
 
 

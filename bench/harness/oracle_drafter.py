@@ -35,9 +35,10 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -153,8 +154,8 @@ class Oracle:
     def step(
         self, contexts: Sequence[Any], verified: np.ndarray, accepted: np.ndarray,
         next_tokens: np.ndarray, next_drafts: np.ndarray,
-    ) -> np.ndarray:  # fmt: skip
-        """Records one step's rows; returns the next drafts with matched rows replaced."""
+    ) -> tuple[np.ndarray, list[dict[str, Any]]]:  # fmt: skip
+        """Records one step's rows; returns the next drafts with matched rows replaced, and the rows."""
         assert verified.shape[0] == len(contexts) == next_drafts.shape[0], (verified.shape, len(contexts))
         out = next_drafts.copy()
         lines = []
@@ -171,7 +172,7 @@ class Oracle:
         if lines and self.log is not None:
             with self.log.open("a") as f:
                 f.writelines(json.dumps(line) + "\n" for line in lines)
-        return out
+        return out, lines
 
     @staticmethod
     def _record(request: Request, verified: np.ndarray, accepted: int, bonus: int) -> dict[str, Any] | None:
@@ -251,26 +252,27 @@ def rows_of_a_correct_target(
     exactly the drafts that match its own greedy tokens (``served``: the
     completion it returned; ``offset``: the request's entry index).
 
-    Its prefill commits one token without a verified row; each step after it
-    verifies ``width`` planned drafts; one last step runs past the completion's
-    end (the server stops the request after it). For totals that came back
-    without their rows: compare their histogram with these rows'.
+    Drives ``Oracle`` as the server does: a prefill verifies nothing, each
+    step after it verifies the drafts planned at the last, and one step runs
+    past the completion's end (the server stops the request after it). For
+    totals that came back without their rows: compare their histogram with
+    these rows'.
     """
+    oracle = Oracle(None)
+    request = SimpleNamespace(request_id="r")
+    oracle.requests[request.request_id] = Request(list(reference), offset)
+    drafts = np.zeros((1, 0), dtype=np.int64)
     rows: list[dict[str, Any]] = []
-    committed = 1
-    while committed < len(served):
-        right = SCHEDULE[(len(rows) + offset) % len(SCHEDULE)]
-        drafts = planned_drafts(reference, committed, width, min(right, width))
-        accepted = leading_matches(drafts, served, committed)
-        rows.append({
-            "committed": committed, "drafts": drafts, "expected": leading_matches(drafts, reference, committed),
-            "accepted": accepted, "bonus": served[committed + accepted] if committed + accepted < len(served) else None,
-            "bonus_expected": reference[committed + accepted] if committed + accepted < len(reference) else None,
-        })  # fmt: skip
-        committed += accepted + 1
-    rows.append({"committed": committed, "drafts": [0] * width, "expected": 0, "accepted": 0, "bonus": None,
-                 "bonus_expected": None})  # fmt: skip
-    return rows
+    while True:
+        committed = oracle.requests[request.request_id].committed
+        accepted = leading_matches(drafts[0], served, committed)
+        bonus = served[committed + accepted] if committed + accepted < len(served) else 0  # past the end: any
+        drafts, lines = oracle.step(
+            [request], drafts, np.array([accepted]), np.array([bonus]), np.zeros((1, width), dtype=np.int64)
+        )
+        rows += lines
+        if committed >= len(served):
+            return rows
 
 
 def _host(buffer: Any) -> np.ndarray:
@@ -279,7 +281,7 @@ def _host(buffer: Any) -> np.ndarray:
     return np.array(buffer.to(CPU()).to_numpy(), copy=True)
 
 
-def _drafting(oracle: Oracle, batch: Sequence[Any], model_inputs: Any, run: Any) -> Any:
+def _drafting(oracle: Oracle, batch: Sequence[Any], model_inputs: Any, run: Callable[[], Any]) -> Any:
     """Runs one step (``run``), then swaps the next drafts of ``batch``'s matched rows."""
     from max.driver import Buffer
 
@@ -289,7 +291,7 @@ def _drafting(oracle: Oracle, batch: Sequence[Any], model_inputs: Any, run: Any)
     outputs = run()
     if len(batch) != verified.shape[0]:  # a warmup step, prepared for no request
         return outputs
-    next_drafts = oracle.step(
+    next_drafts, _ = oracle.step(
         batch, verified, _host(outputs.num_accepted_draft_tokens),
         _host(outputs.next_tokens), _host(outputs.next_draft_tokens),
     )  # fmt: skip

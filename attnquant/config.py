@@ -215,13 +215,6 @@ SETTINGS: tuple[Setting, ...] = (
         "past its output (modular/modular#6883); 1 = on every device; 0 = never (a MAX "
         "with the fix). With captured decode steps one row skips the padding entirely.",
     ),
-    _choice(
-        "ATTNQUANT_MTP_ON_GPU", "mtp_on_gpu", ("refuse", "allow"), "refuse",
-        "Gemma 4 with an MTP drafter (--draft-model) on a GPU: refuse = stop at load with an "
-        "error, because steps that accept drafted tokens in a captured decode step (MAX's "
-        "default) have not yet been checked against ours without a drafter on a GPU "
-        "(docs/quickstart.md, Speculative decoding); allow = serve it, with a warning.",
-    ),
     Setting(
         "ATTNQUANT_GEMM", "gemm", _parse_auto_or_bool, _constant(None),
         "auto", f"auto, {_BOOL}",
@@ -276,6 +269,10 @@ REMOVED: dict[str, str] = {
         "was removed: attnquant's Gemma 4 always declares device graph capture; pass "
         "--no-device-graph-capture to MAX to turn capture off"
     ),
+    "ATTNQUANT_MTP_ON_GPU": (
+        "was removed: Gemma 4 with an MTP drafter is served on GPUs without it "
+        "(docs/quickstart.md, Speculative decoding); unset it"
+    ),
 }
 """Settings that no longer exist, with what to do instead."""
 
@@ -304,7 +301,6 @@ class AttnQuantConfig:
     sm90_variant: str = ""
     sm100_input_scale: float = 1.0
     row_padding: bool | None = None
-    mtp_on_gpu: Literal["refuse", "allow"] = "refuse"
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True

@@ -37,7 +37,6 @@ def test_every_variable_is_read() -> None:
         "ATTNQUANT_SCALE_SEARCH": "mse",
         "ATTNQUANT_GEMM": "1",
         "ATTNQUANT_ROW_PADDING": "0",
-        "ATTNQUANT_MTP_ON_GPU": "Allow",
         "ATTNQUANT_QKV_FUSE": "false",
         "ATTNQUANT_FUSED_MLP": "0",
         "ATTNQUANT_CACHE": "no",
@@ -54,7 +53,7 @@ def test_every_variable_is_read() -> None:
     assert AttnQuantConfig.from_env(env) == AttnQuantConfig(
         blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
         quant_ignore=("mlp", "self_attn.o_proj"), lm_head="nvfp4", scale_search="mse", prepare_device="cpu",
-        nvfp4_dispatch="gemv", sm90_variant="3:4:2", sm100_input_scale=2.5, gemm=True, row_padding=False, mtp_on_gpu="allow", qkv_fuse=False, fused_mlp=False, cache=False,
+        nvfp4_dispatch="gemv", sm90_variant="3:4:2", sm100_input_scale=2.5, gemm=True, row_padding=False, qkv_fuse=False, fused_mlp=False, cache=False,
         cache_dir=Path("/tmp/aq"), log_level="DEBUG", demo_model_dir=Path("/tmp/demo"), ignore_unknown=True,
     )  # fmt: skip
     assert set(env) == {setting.env for setting in SETTINGS}, "every setting is exercised here"
@@ -72,7 +71,6 @@ def test_every_variable_is_read() -> None:
         ("ATTNQUANT_SCALE_SEARCH", "gptq", "rtn, mse"),
         ("ATTNQUANT_GEMM", "maybe", "auto, 1/0"),
         ("ATTNQUANT_ROW_PADDING", "64", "auto, 1/0"),
-        ("ATTNQUANT_MTP_ON_GPU", "1", "refuse, allow"),
         ("ATTNQUANT_CACHE", "2", "1/0, true/false, yes/no, on/off"),
         ("ATTNQUANT_QUANT_IGNORE", "mlp,.o_proj", "dotted module-name fragments"),
         ("ATTNQUANT_LOG_LEVEL", "loud", "DEBUG, INFO, WARNING, ERROR"),

@@ -279,3 +279,26 @@ def test_oracle_replay_prices_a_results_file(tmp_path: Path) -> None:
     c1, c2, total = done.stdout.splitlines()
     assert c1.startswith("c1: ") and "faults: 0; departures from the reference: 1 (request@position: c1/1@5)" in c1
     assert c2.replace("c2", "c1") == c1 and total.startswith("in all: ")
+
+
+def test_oracle_replay_compares_the_rows_of_requests_sent_alone(tmp_path: Path) -> None:
+    """With --rows, each request sent alone is compared row by row with a correct
+    target's: the unknowable bonus past the end is not compared, one row that
+    accepted a draft more than it matched makes its request differ."""
+    oracle = _oracle_module()
+    reference = [list(range(100, 116)), list(range(200, 216))]
+    results = {"ref": {"alone": reference}, "mtp+MTP_ORACLE_DRAFTS=d": {"alone": reference, "batched_ids": {}}}
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    logged = [oracle.rows_of_a_correct_target(ids, ids, index) for index, ids in enumerate(reference)]
+    logged[0][-1]["bonus"] = 12345  # what the server drew past the completion's end
+    wrong = next(row for row in logged[1] if row["expected"] == 1)
+    wrong["accepted"] = 2
+    lines = [json.dumps({**row, "request": f"r{index}"}) for index, rows in enumerate(logged) for row in rows]
+    (tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "checks" / "oracle_replay.py"), str(tmp_path / "r.json"), "--cell", "MTP_ORACLE",
+         "--reference", "ref", "--rows", str(tmp_path / "rows.jsonl")], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.splitlines()[-1] == (
+        "rows of the requests sent alone equal to a correct target's: 1/2; differing: requests 1"
+    )

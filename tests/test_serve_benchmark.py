@@ -22,8 +22,7 @@ def test_mtp_cell_serves_the_mtp_twin_with_the_assistant_drafting_3() -> None:
     assert harness.speculative_args(cell, _args()) == [
         "--draft-model-path", "/m/assistant", "--speculative-method", "mtp", "--num-speculative-tokens", "3",
     ]  # fmt: skip
-    # attnquant refuses MTP on a GPU by default; these cells are how it is checked there.
-    assert harness.VARIANTS[cell.variant][1] == {"ATTNQUANT_QUANT": "nvfp4", "ATTNQUANT_MTP_ON_GPU": "allow"}
+    assert harness.VARIANTS[cell.variant] == harness.VARIANTS["attnquant-nvfp4"]  # the same server otherwise
 
 
 def test_other_cells_serve_the_model_without_a_drafter() -> None:

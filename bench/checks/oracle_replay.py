@@ -1,8 +1,8 @@
 """What the oracle drafter would have logged, had the target accepted exactly
-the drafts that match its own tokens: for a GPU run whose verified rows did
-not come back, only its totals (``batch_invariance.py``'s last line).
+the drafts that match its own tokens: to compare with a GPU run's totals
+(``batch_invariance.py``'s last line) or, with ``--rows``, with its rows.
 
-    python bench/checks/oracle_replay.py RESULTS.json --cell ORACLE_CELL --reference REFERENCE_CELL
+    python bench/checks/oracle_replay.py RESULTS.json --cell ORACLE_CELL --reference REFERENCE_CELL [--rows VERIFIED.jsonl]
 
 RESULTS.json is ``batch_invariance.py --oracle-drafts``'s ``--out``. The
 drafts were the reference cell's ids alone; each request's served ids (alone,
@@ -11,6 +11,12 @@ A run's totals equal to these say its target accepted as a correct one would
 have, given what it served; they cannot say which rows differ when they do.
 Prints one line per concurrency and their sum, in the drafter's words, each
 with every row's count by accepted drafts (what the run's totals count).
+
+``--rows`` (the drafter's JSONL, as the lease collects it) compares, request by
+request, the rows of the requests sent alone (the first to appear, one per
+prompt, in prompt order) with the replay's: equal rows are what a correct
+target logs, not merely the same totals. The bonus token of a step past the
+completion's end is not in the results, so it is not compared.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def main() -> None:
     parser.add_argument("results", type=Path)
     parser.add_argument("--cell", required=True, help="the oracle-drafted cell (its spec, or a unique part of it)")
     parser.add_argument("--reference", required=True, help="the cell whose ids alone were the drafts")
+    parser.add_argument("--rows", type=Path, help="the drafter's verified rows (JSONL): compare the alone ones")
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
     [cell] = [spec for spec in results if args.cell in spec and spec != args.reference]
@@ -52,6 +59,36 @@ def main() -> None:
         everything += rows
         print(f"{name}: {line(rows)}")
     print(f"in all: {line(everything)}")
+    if args.rows:
+        print(compare_alone(read_rows(args.rows), runs["c1"], reference))
+
+
+def read_rows(path: Path) -> dict[str, list[dict]]:
+    """The drafter's rows by request, requests in the order they first appear."""
+    rows: dict[str, list[dict]] = {}
+    for text in path.read_text().splitlines():
+        if text.startswith("{"):
+            row = json.loads(text)
+            rows.setdefault(row.pop("request"), []).append(row)
+    return rows
+
+
+def compare_alone(rows: dict[str, list[dict]], served: list[list[int]], reference: list[list[int]]) -> str:
+    """How many requests sent alone logged exactly a correct target's rows."""
+    def comparable(row: dict) -> dict:
+        known = row["bonus_expected"] is not None  # None: the step past the completion's end
+        return {key: value for key, value in row.items() if key != "request" and (key != "bonus" or known)}
+
+    logged = list(rows.values())[: len(served)]
+    equal, differing = 0, []
+    for index, (got, ids) in enumerate(zip(logged, served)):
+        want = oracle_drafter.rows_of_a_correct_target(ids, reference[index], index)
+        if [comparable(r) for r in got] == [comparable(r) for r in want]:
+            equal += 1
+        else:
+            differing.append(str(index))
+    tail = f"; differing: requests {', '.join(differing)}" if differing else ""
+    return f"rows of the requests sent alone equal to a correct target's: {equal}/{len(served)}{tail}"
 
 
 def line(rows: list[dict]) -> str:

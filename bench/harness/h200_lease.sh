@@ -41,10 +41,10 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
-#      ours NVFP4 + capture, c=1 and c=8, after the padding and invariance phases (for
-#      the memory); beside MTP when neither runs (24 + 28 GiB fit beside its 3 x 23).
-# With "mtp", phases 2 and 3 start once MTP is done (their 1B servers compiling
-# beside MTP's took 10 minutes, alone ~4); "big" and "big4b" alone compile beside MTP.
+#      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance.
+# With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
+# MTP's took 10 minutes, alone ~4; both leases that compiled the 4B servers beside
+# MTP's lost their machine before either finished); "big" alone compiles beside MTP.
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
@@ -137,7 +137,7 @@ big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
 }
 
-big4b() {  # 24 + 28 GiB; its starts take turns with MTP's (each arena is sized from the memory free)
+big4b() {  # 24 + 28 GiB
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
     --memory-fraction 0.95 --port-base 8600 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" --out "$WORK/g3-4b-bench/results.jsonl" \
@@ -157,7 +157,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   fi
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
   # a 1B server beside five others compiled in 10 minutes, alone in ~4.
-  ( if wants mtp && { wants padding || wants invariance; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
+  ( if wants mtp && { wants padding || wants invariance || wants big4b; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \

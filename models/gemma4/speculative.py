@@ -54,21 +54,6 @@ from ..common.prepare import attach_settings, single_device_mesh
 from .model_config import AttnQuantGemma4Config
 
 MTP_TARGET = "UnifiedMTPGemma4ForCausalLM"
-MTP_ON_GPU = (
-    "Gemma 4 with an MTP drafter on a GPU is not yet verified as MAX serves it by default: "
-    "on an sm_90 GPU, ours as the target gave ours-without-a-drafter's greedy tokens for requests "
-    "sent alone and departed from them batched only at bf16 near-ties, but steps that accept "
-    "drafted tokens were checked with device graph capture off only; with capture on, only steps "
-    "that reject every draft were (docs/quickstart.md, Speculative decoding)"
-)
-MTP_ON_GPU_REFUSED = (
-    f"attnquant: {MTP_ON_GPU}. Serve without --draft-model, or set ATTNQUANT_MTP_ON_GPU=allow "
-    "to serve it anyway."
-)
-MTP_ON_GPU_ALLOWED = (
-    f"attnquant: ATTNQUANT_MTP_ON_GPU=allow: {MTP_ON_GPU}. Compare a few greedy completions with "
-    "the same server started without --draft-model before relying on it."
-)
 REFUSED_TARGETS = (
     "UnifiedDSparkGemma4_31BForCausalLM",
     "UnifiedDflashGemma4_31BForCausalLM",
@@ -171,10 +156,6 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
         # MAX's body parses with its own config class, not model_config_cls:
         # the settings are ours to attach.
         config = attach_settings(super()._create_model_config(state_dict))
-        if not self.devices[0].is_host:
-            if config.attnquant.mtp_on_gpu != "allow":
-                raise ValueError(MTP_ON_GPU_REFUSED)
-            logger.warning(MTP_ON_GPU_ALLOWED)
         # MAX's own build (kept raw in _target_state_dict) still runs; ours
         # replaces its target weights in _build_module.
         self._served_target, self._projection_plan = prepare_target_weights(

@@ -503,7 +503,7 @@ def _mtp_model_on(device, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, env
 def test_mtp_on_a_gpu_is_served_without_a_setting(
     custom_architectures, gemma4_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Checked on an sm_90 GPU (docs/quickstart.md, Speculative decoding): served as on CPU,
+    """Checked on an sm_90 GPU (docs/quickstart.md, Speculative decoding): served,
     its weights prepared on the GPU, no warning; the old opt-in names its own removal."""
     from models.gemma4 import speculative
 

@@ -53,42 +53,38 @@ def main() -> None:
     [cell] = [spec for spec in results if args.cell in spec and spec != args.reference]
     reference = results[args.reference]["alone"]
     runs = {"c1": results[cell]["alone"], **{f"c{c}": ids for c, ids in results[cell]["batched_ids"].items()}}
-    everything = []
-    for name, served in runs.items():
-        rows = [{**row, "request": f"{name}/{row['request']}"} for row in replayed(served, reference)]
-        everything += rows
+    replays = {
+        name: [{**row, "request": f"{name}/{row['request']}"} for row in replayed(served, reference)]
+        for name, served in runs.items()
+    }
+    for name, rows in replays.items():
         print(f"{name}: {line(rows)}")
-    print(f"in all: {line(everything)}")
+    print(f"in all: {line([row for rows in replays.values() for row in rows])}")
     if args.rows:
-        print(compare_alone(read_rows(args.rows), runs["c1"], reference))
+        print(compare_alone(oracle_drafter.read_rows(args.rows), replays["c1"]))
 
 
-def read_rows(path: Path) -> dict[str, list[dict]]:
-    """The drafter's rows by request, requests in the order they first appear."""
-    rows: dict[str, list[dict]] = {}
-    for text in path.read_text().splitlines():
-        if text.startswith("{"):
-            row = json.loads(text)
-            rows.setdefault(row.pop("request"), []).append(row)
-    return rows
+def by_request(rows: list[dict]) -> list[list[dict]]:
+    """Each request's rows, requests in the order they first appear."""
+    grouped: dict[str, list[dict]] = {}
+    for row in rows:
+        grouped.setdefault(row["request"], []).append(row)
+    return list(grouped.values())
 
 
-def compare_alone(rows: dict[str, list[dict]], served: list[list[int]], reference: list[list[int]]) -> str:
+def compare_alone(logged: list[dict], replayed_alone: list[dict]) -> str:
     """How many requests sent alone logged exactly a correct target's rows."""
     def comparable(row: dict) -> dict:
         known = row["bonus_expected"] is not None  # None: the step past the completion's end
         return {key: value for key, value in row.items() if key != "request" and (key != "bonus" or known)}
 
-    logged = list(rows.values())[: len(served)]
-    equal, differing = 0, []
-    for index, (got, ids) in enumerate(zip(logged, served)):
-        want = oracle_drafter.rows_of_a_correct_target(ids, reference[index], index)
-        if [comparable(r) for r in got] == [comparable(r) for r in want]:
-            equal += 1
-        else:
-            differing.append(str(index))
+    wanted = by_request(replayed_alone)
+    got = by_request(logged)[: len(wanted)]  # the requests sent alone come first
+    differing = [str(index) for index, (g, w) in enumerate(zip(got, wanted))
+                 if [comparable(r) for r in g] != [comparable(r) for r in w]]  # fmt: skip
+    differing += [str(index) for index in range(len(got), len(wanted))]  # no rows at all
     tail = f"; differing: requests {', '.join(differing)}" if differing else ""
-    return f"rows of the requests sent alone equal to a correct target's: {equal}/{len(served)}{tail}"
+    return f"rows of the requests sent alone equal to a correct target's: {len(wanted) - len(differing)}/{len(wanted)}{tail}"
 
 
 def line(rows: list[dict]) -> str:

@@ -83,7 +83,12 @@ def write_drafts(drafts: Path, model: Path, prompts: Sequence[str], completions:
 def read_verified(drafts: Path) -> list[dict[str, Any]]:
     """The verified rows logged for ``drafts`` (none when nothing verified)."""
     log = verified_log(drafts)
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return read_rows(log) if log.exists() else []
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The verified rows in ``path``: its JSON lines (a collected file's other lines skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
 def matching_entry(prompt_ids: Sequence[int], entries: Sequence[dict[str, list[int]]]) -> int | None:

@@ -43,7 +43,7 @@
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance.
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
-# MTP's took 10 minutes, alone ~4; both leases that compiled the 4B servers beside
+# MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
@@ -156,7 +156,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
     sleep 5
   fi
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
-  # a 1B server beside five others compiled in 10 minutes, alone in ~4.
+  # a 1B server beside five others compiled in 10 minutes (two alone: 9).
   ( if wants mtp && { wants padding || wants invariance || wants big4b; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
     if wants padding; then
       say "padding"

@@ -65,8 +65,8 @@ def _load(
     config = AttnQuantConfig(quant="nvfp4", lm_head=lm_head, cache_dir=tmp_path / "cache")
     return pipeline.prepare_weights(
         checkpoint.tensors if tensors is None else tensors, config,
-        checkpoint_files=sorted(checkpoint.directory.glob("*.safetensors")), num_layers=2, dtype=DType.float32, device_api="cpu",
-        head=output_head(tied),
+        checkpoint_files=sorted(checkpoint.directory.glob("*.safetensors")), num_layers=2,
+        dtype=DType.float32, device_api="cpu", head=output_head(tied),
     )  # fmt: skip
 
 

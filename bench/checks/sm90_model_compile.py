@@ -1,21 +1,24 @@
-"""Whether our Gemma 4 text model compiles for the H200 (sm_90a), without a GPU.
+"""Whether our Gemma model compiles for the H200 (sm_90a), and how long it takes, without a GPU.
 
     python bench/checks/sm90_model_compile.py CKPT_DIR [--make-checkpoint --layers 2]
         [--quant nvfp4|none] [--quant-ignore self_attn] [--max-builtin]
-        [--prefer-module-v3] [--max-length 4096]
+        [--prefer-module-v3] [--max-length 4096] [--no-capture]
 
 Runs MAX's own compile-only path (what ``max warm-cache --target cuda:sm_90a``
-does: virtual devices, the real compiler, no GPU) on a Gemma 4 checkpoint,
-in-process, with ``--custom-architectures attnquant``: the served pipeline
+does: virtual devices, the real compiler, no GPU) on a Gemma 3 or Gemma 4
+checkpoint, in-process, with ``--custom-architectures attnquant``: the served pipeline
 model, its load-time weight preparation (``ATTNQUANT_QUANT``, default nvfp4
 everywhere; ``--quant-ignore self_attn`` keeps attention bf16) and its graph.
-``--max-builtin`` leaves attnquant out (MAX's own Gemma 4, graph API; add
+``--no-capture`` compiles without device graph capture (our row padding is
+then ``fixed``, with no one-row branch). ``--max-builtin`` (Gemma 4) leaves
+attnquant out (MAX's own Gemma 4, graph API; add
 ``--prefer-module-v3`` for its ModuleV3 path); it first adds to
 CKPT_DIR/config.json, as null, the MoE fields MAX reads and a
 ``gemma4_unified`` text config lacks. Prints, per graph compiled, OK or FAIL
 with the compiler's constraint message and the compile time; then whether the
-rest of pipeline construction (weight binding, KV cache, ...) went through. In compile-only mode MAX hands back stand-in models, so a
-failure after the compile is reported as "compiled; <what failed after>".
+rest of pipeline construction (weight binding, KV cache, ...) went through.
+In compile-only mode MAX hands back stand-in models, so a failure after the
+compile is reported as "compiled; <what failed after>".
 
 ``--make-checkpoint`` first writes a random checkpoint at the 31B text
 geometry into CKPT_DIR (``make_random_gemma4.py``'s config and writers) with
@@ -124,6 +127,10 @@ def main() -> int:
     parser.add_argument("--max-builtin", action="store_true", help="MAX's own Gemma 4 (no attnquant)")
     parser.add_argument("--prefer-module-v3", action="store_true")
     parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument(
+        "--no-capture", action="store_true",
+        help="without device graph capture (our row padding is then fixed, not a branch)",
+    )  # fmt: skip
     args = parser.parse_args()
 
     if args.make_checkpoint and not (args.checkpoint / "config.json").exists():
@@ -154,6 +161,8 @@ def main() -> int:
         max_args += ["--custom-architectures", str(REPO / "attnquant")]
     if args.prefer_module_v3:
         max_args.append("--prefer-module-v3")
+    if args.no_capture:
+        max_args.append("--no-device-graph-capture")
 
     log = CompileLog()
     log.install()

@@ -9,6 +9,7 @@ architecture calls, on its names (``models.gemma3.weight_adapters``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,13 +60,10 @@ def tied(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     return checkpoint
 
 
-def _load(
-    checkpoint: Checkpoint, tmp_path: Path, *, tied: bool, lm_head: str, tensors: dict[str, torch.Tensor] | None = None
-) -> pipeline.PreparedWeights:
+def _load(checkpoint: Checkpoint, tmp_path: Path, *, tied: bool, lm_head: str) -> pipeline.PreparedWeights:
     config = AttnQuantConfig(quant="nvfp4", lm_head=lm_head, cache_dir=tmp_path / "cache")
     return pipeline.prepare_weights(
-        checkpoint.tensors if tensors is None else tensors, config,
-        checkpoint_files=sorted(checkpoint.directory.glob("*.safetensors")), num_layers=2,
+        checkpoint.tensors, config, checkpoint_files=sorted(checkpoint.directory.glob("*.safetensors")), num_layers=2,
         dtype=DType.float32, device_api="cpu", head=output_head(tied),
     )  # fmt: skip
 
@@ -112,4 +110,4 @@ def test_a_tied_head_is_the_embedding(tied, tmp_path: Path, lm_head: str) -> Non
 def test_an_untied_config_without_a_head_weight_is_refused(untied, tmp_path: Path) -> None:
     headless = {name: t for name, t in untied.tensors.items() if not name.startswith(HEAD)}
     with pytest.raises(ValueError, match=f"has no {HEAD}.weight .*set tie_word_embeddings in config.json"):
-        _load(untied, tmp_path, tied=False, lm_head="nvfp4", tensors=headless)
+        _load(dataclasses.replace(untied, tensors=headless), tmp_path, tied=False, lm_head="nvfp4")

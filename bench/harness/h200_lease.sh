@@ -41,7 +41,8 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
-#      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance.
+#      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
+#      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
 # MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.

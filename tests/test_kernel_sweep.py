@@ -21,3 +21,32 @@ def test_load_only_fit_recovers_stream_and_fixed_cost() -> None:
     stream, fixed, count = sweep.load_only_fit(rows)
     assert count == 3 and abs(stream - 4.0) < 1e-9 and abs(fixed - 2.5) < 1e-9
     assert sweep.load_only_fit(rows[:4]) is None  # one shape: no fit
+
+
+def test_range_choice_adopts_only_what_is_faster_at_every_row_count() -> None:
+    """A candidate replaces a range's original kernel only when it was timed
+    at every M of the range, passed the float64 check, and took at most 0.96x
+    the original's time at each; it is named by its op variant and kw."""
+    rc = bench_module("range_choice")
+    op_variants = {"gv0": 0, "a5": 1, "g4": 2, "b3s1": 3}
+    rows = []
+
+    def timed(variant: str, kw: int, us: dict[int, float], err: float = 1e-3) -> None:
+        rows.extend(dict(n=64, k=128, m=m, variant=variant, kw_arg=kw, us=t, err=err) for m, t in us.items())
+
+    timed("gv0", 0, {1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0})
+    timed("gv0", 10, {1: 9.0, 2: 9.0, 4: 9.5, 8: 9.0})  # 0.95 at worst: adopted
+    timed("b3s1", 2, {1: 5.0, 2: 5.0, 4: 5.0})  # fastest, but not timed at M=8: not eligible
+    timed("a5", 0, {9: 10.0, 12: 10.0, 16: 10.0})
+    timed("g4", 16, {9: 8.0, 12: 8.0, 16: 9.7})  # 0.97 at M=16: within the noise, not adopted
+    timed("b3s1", 4, {9: 1.0, 12: 1.0, 16: 1.0}, err=0.5)  # wrong: never a candidate
+    timed("ld0", 0, {9: 1.0, 12: 1.0, 16: 1.0})  # not a kernel the op can run
+    choices = {c["range"]: c for c in rc.range_choices(rows, op_variants)}
+    narrow, wide = choices["narrow"], choices["wide"]
+    assert narrow["best"] == ("gv0", 10) and narrow["adopt"] and narrow["entry"] == (0, 10)
+    assert abs(narrow["worst"] - 0.95) < 1e-12
+    assert wide["best"] == ("g4", 16) and not wide["adopt"] and wide["entry"] is None
+    assert rc.tuned_entries(list(choices.values())) == {(64, 128): {"narrow": (0, 10)}}
+    lines = rc.choices_table(list(choices.values()), {(64, 128): "tiny"})
+    assert "| tiny 64x128 | M 1-8 | 10.00 / 10.00 / 10.00 / 10.00 | gv0 (10) |" in lines[2]
+    assert lines[3].endswith("| 0.97 | no |")

@@ -182,7 +182,7 @@ def layer(n: int, k: int, arch: str = "sm_90a", forced: str = "") -> K.NVFP4Laye
     "forced, config, params, why",
     [
         # nothing measured, nothing forced: the original kernels
-        ("", layer(1536, 1152), (), "no variant measured faster"),
+        ("", layer(13824, 1152), (), "no variant measured faster"),
         ("3:4:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1)), "ATTNQUANT_SM90_VARIANT=3:4:1"),
         ("1", layer(1536, 1152, "sm_80"), (("variant", 1), ("kw", 0), ("splitk", 0)), "ATTNQUANT_SM90_VARIANT=1"),
         ("3:4:1:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1), ("pdl", 1)), "=3:4:1:1"),
@@ -210,11 +210,34 @@ def test_sm90_variants_fall_back_with_a_reason(
 def test_sm90_measured_table_is_used_and_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnquant.graph.nvfp4 import sm90
 
-    monkeypatch.setitem(sm90.SM90_TUNED, (1152, 1024), (7, 8, 1))
+    monkeypatch.setitem(sm90.SM90_TUNED, (1152, 1024), sm90.SM90Tuned(narrow=(3, 2), wide=(2, 16)))
     params, reason = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024))
-    assert params == (("variant", 7), ("kw", 8), ("splitk", 1)) and "measured" in reason
+    assert params == (("variant", 3), ("kw", 2), ("splitk", 1), ("wide_variant", 2), ("wide_kw", 16))
+    assert "measured fastest" in reason and "M<=8: variant 3, kw 2" in reason and "M>8: variant 2, kw 16" in reason
     params, reason = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024, "sm_86"))
     assert params == () and "need sm_90" in reason
+    # one range measured: the other keeps its original kernel (0 up to 8 rows, 1 above, kw picked)
+    monkeypatch.setitem(sm90.SM90_TUNED, (1152, 1024), sm90.SM90Tuned(wide=(2, 16)))
+    params, _ = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024, "sm_86"))
+    assert params == (("variant", 0), ("kw", 0), ("splitk", 0), ("wide_variant", 2), ("wide_kw", 16))
+    # a forced variant overrides the table, at every M
+    params, reason = K.MojoSM90Backend.kernel_parameters(layer(1152, 1024, forced="4:8:1"))
+    assert params == (("variant", 4), ("kw", 8), ("splitk", 1)) and "ATTNQUANT_SM90_VARIANT" in reason
+
+
+def test_every_measured_entry_runs_on_sm90a() -> None:
+    """Each shape in SM90_TUNED gets its two kernels on the H200's arch (no
+    entry names a variant, kw or split the op refuses), and its log reason
+    says which kernel runs in which range."""
+    from attnquant.graph.nvfp4 import sm90
+
+    assert sm90.SM90_TUNED
+    for (n, k), tuned in sm90.SM90_TUNED.items():
+        params, reason = K.MojoSM90Backend.kernel_parameters(layer(n, k))
+        narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
+        assert dict(params) | {"splitk": 0} == {"variant": narrow[0], "kw": narrow[1], "splitk": 0,
+                                                "wide_variant": wide[0], "wide_kw": wide[1]}, ((n, k), params)
+        assert "measured fastest" in reason and "not taken" not in reason, reason
 
 
 def test_chooser_logs_the_fallback_reason(caplog: pytest.LogCaptureFixture) -> None:
@@ -403,18 +426,29 @@ types = [TensorLayout(DType.bfloat16, ["m", k], gpu), TensorLayout(DType.uint8, 
          TensorLayout(DType.uint8, [n, k // 16], gpu), TensorLayout(DType.float32, [1], gpu)]
 compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
 print("COMPILED sm_90a")
+
+from attnquant.graph.nvfp4 import sm90
+sm90.SM90_TUNED[(n, k)] = sm90.SM90Tuned(narrow=(3, 2), wide=(2, 16))
+config = dataclasses.replace(config, sm90_variant="", kernel_params=())
+params, _ = backend.kernel_parameters(config)
+assert dict(params) == {"variant": 3, "kw": 2, "splitk": 1, "wide_variant": 2, "wide_kw": 16}, params
+config = dataclasses.replace(config, kernel_params=params)
+compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
+print("COMPILED sm_90a, one kernel up to 8 rows and another above")
 """
 
 
 @pytest.mark.max
 def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
-    """A forced fast variant (bulk ring, programmatic dependent launch)
-    compiles as a MAX graph for a virtual sm_90a: the
+    """A forced fast variant (bulk ring, programmatic dependent launch), and a
+    measured pair (one kernel up to 8 rows, another above), each compile as a
+    MAX graph for a virtual sm_90a: the
     parameters the plan records reach the Mojo op (a child process, since the
     virtual device is process-wide)."""
     r = subprocess.run([__import__("sys").executable, "-c", _SM90_GRAPH], capture_output=True, text=True,
                        timeout=1200, env=child_environment(), cwd=ROOT)  # fmt: skip
     assert r.returncode == 0 and "COMPILED sm_90a" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    assert "another above" in r.stdout, (r.stdout + r.stderr)[-4000:]
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,9 @@ def main() raises:
         comptime for v in range(3, 9):
             NVFP4GemvSM90.execute["gpu", v, 4, 2](y, x, c, s, g, ctx)
         NVFP4GemvSM90.execute["gpu", 3, 4, 2, True](y, x, c, s, g, ctx)
+        # A measured pair: one kernel for M <= 8, another above (no new kernels).
+        NVFP4GemvSM90.execute["gpu", 0, 10, 1, False, 2, 16](y, x, c, s, g, ctx)
+        NVFP4GemvSM90.execute["gpu", 3, 2, 1, False, 1, 0](y, x, c, s, g, ctx)
         NVFP4DequantSM90.execute["gpu"](y, c, s, g, ctx)
         NVFP4Matmul.execute["gpu"](y, x, c, s, g, ctx)
         NVFP4Dequant.execute["gpu"](y, c, s, g, ctx)

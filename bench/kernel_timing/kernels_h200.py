@@ -31,6 +31,10 @@ What it does, in order (a budget guard skips what no longer fits and says so):
    checked against float64 on fresh inputs and then timed (weight sets rotated
    past the 60 MB L2, median of 20 graph replays); torch bf16 (cuBLAS) the same
    way; the best and the old default are timed a second time (noise);
+   With --ranges instead: what one SM90_TUNED entry can name (op variants, no
+   cluster split, no PDL) at every M of each range, 1B/4B shapes at M = 1, 2,
+   4, 8 and 9, 12, 16, 31B shapes at 9, 12, 16; the last lines then give the
+   entries the timings justify (range_choice.py);
 4. table: variant, shape, M, us, TB/s (0.5625 B/weight), % of copy, x vs torch
    bf16, x vs MAX bf16 (MAX's figure from docs/dev/kernels.md, 2026-11-29, where
    there is one; MAX is not on this machine), rel err; best per shape.
@@ -66,6 +70,8 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy ExternalS
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from kernels.sm90_layout import prepare_weights  # noqa: E402
+
+import range_choice  # noqa: E402  (this folder: bench/kernel_timing/)
 
 PTX_DIR = ROOT / "bench" / "ptx"
 DRY = False  # --dry-run: CPU, a reference "kernel", wall-clock timing (checks this script, not the kernels)
@@ -141,7 +147,11 @@ VARIANTS = {
     "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
     "ld16": Variant("reg", 1, 1, diag=True),
 }  # fmt: skip
-OLD_DEFAULT = {1: "gv0", 2: "gv0", 4: "gv0", 8: "gv0", 16: "a5"}  # what variant -1 launches today
+
+
+def old_default(m: int) -> str:
+    """What the op's variant -1 launches at M rows (kw picked)."""
+    return range_choice.ORIGINAL["narrow" if m <= 8 else "wide"]
 
 
 def pick_kw(blocks: int, k_groups: int, target_warps: int) -> int:
@@ -162,7 +172,6 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
     """(variant, kw) pairs for one cell; kw 0 = the kernel's own default.
     only: keep these variants (and the old default, the baseline); extra_kw:
     more kw values for the register kernels (e.g. 6, 10, 12)."""
-    kg = -(-k // 64)
     out: list[tuple[str, int]] = []
     reg_kw = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
@@ -178,12 +187,33 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
         for name in ("b5s1", "b5s2", "b6s1", "b6s2"):
             out += [(name, kw) for kw in ((2, 4) if quick else (2, 4, 8))]
         out += [("b3s1", 4), ("b3s2", 4)] + [("h1", 0)] + [("h1", kw) for kw in reg_kw]
+    return feasible([(name, kw) for name, kw in out if not only or name in only or name == old_default(m)], k)
+
+
+RANGE_REG_KW = (4, 6, 8, 10, 12, 16)
+
+
+def range_candidates(m: int, k: int) -> list[tuple[str, int]]:
+    """--ranges: the (variant, kw) pairs one SM90_TUNED entry can name for M's
+    range (op variants, no cluster split, no PDL), the original kernel first."""
+    if m <= 8:
+        out = [("gv0", 0)] + [("gv0", kw) for kw in RANGE_REG_KW]
+        out += [(b, kw) for b in ("b3s1", "b4s1") for kw in (2, 4, 8)]
+    else:
+        out = [("a5", 0), ("a5", 4), ("a5", 8), ("g4", 0)] + [("g4", kw) for kw in RANGE_REG_KW]
+        out += [(b, kw) for b in ("b5s1", "b6s1", "b3s1") for kw in (2, 4, 8)]
+        out += [("gv0", 0)] + [("gv0", kw) for kw in (4, 8, 16)]
+    return feasible(out, k)
+
+
+def feasible(pairs: list[tuple[str, int]], k: int) -> list[tuple[str, int]]:
+    """The pairs a shape with K columns can launch: every warp needs a k-group,
+    and a bulk ring must fit in shared memory."""
+    kg = -(-k // 64)
     keep = []
-    for name, kw in out:
+    for name, kw in pairs:
         v = VARIANTS[name]
-        if only and name not in only and name != OLD_DEFAULT[m]:
-            continue
-        if kw and kw * v.sk > kg:  # every warp needs a k-group
+        if kw and kw * v.sk > kg:
             continue
         if v.kind == "bulk" and bulk_smem_bytes(v, kw or 4) > 160 * 1024:
             continue
@@ -539,6 +569,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer kw candidates")
     ap.add_argument("--only", default="", help="comma-separated variants to time (the old default always is)")
     ap.add_argument("--extra-kw", default="", help="comma-separated extra kw values for the register kernels")
+    ap.add_argument("--ranges", action="store_true",
+                    help="time what one SM90_TUNED entry can name at every M of its range (1B, 4B shapes at "
+                         "M 1-16, 31B at M 9-16) and print the entries the timings justify")
     ap.add_argument("--ncu", choices=("auto", "off"), default="auto")
     ap.add_argument("--dry-run", action="store_true", help="CPU, reference kernel: checks the script's flow only")
     ap.add_argument("--check-child", help=argparse.SUPPRESS)  # internal: run the correctness block, write progress here
@@ -612,6 +645,9 @@ def main() -> None:
     cells += [(s, 1) for s in SHAPES_31B] + [(s, 1) for s in SHAPES_1B + SHAPES_4B]
     cells += [(s, 4) for s in SHAPES_31B] + [(s, 16) for s in SHAPES_31B]
     cells += [(s, m) for m in (4, 16, 2, 8) for s in SHAPES_1B + SHAPES_4B]
+    if args.ranges:
+        small = [(s, m) for s in SHAPES_1B + SHAPES_4B for m in range_choice.RANGES["narrow"] + range_choice.RANGES["wide"]]
+        cells = small + [(s, m) for s in SHAPES_31B for m in range_choice.RANGES["wide"]]
     by_shape: dict[tuple[int, int], list[int]] = {}
     for s, m in cells:
         by_shape.setdefault(s, []).append(m)
@@ -646,7 +682,8 @@ def main() -> None:
             cell = []
             only = frozenset(filter(None, args.only.split(",")))
             extra_kw = tuple(int(v) for v in filter(None, args.extra_kw.split(",")))
-            for name, kw in candidates(m, n, k, args.quick, only, extra_kw):
+            pairs = range_candidates(m, k) if args.ranges else candidates(m, n, k, args.quick, only, extra_kw)
+            for name, kw in pairs:
                 if name not in ks.funcs or name in broken:
                     continue
                 watchdog.tick(f"[{n},{k}] M={m} kw={kw} {name}")
@@ -679,20 +716,20 @@ def main() -> None:
                 log(f"[{n},{k}] M={m}: no valid variant")
                 continue
             best = min(cell, key=lambda r: r["us"])
-            old = [r for r in cell if r["variant"] == OLD_DEFAULT[m] and r["kw_arg"] == 0]  # today's default
+            old = [r for r in cell if r["variant"] == old_default(m) and r["kw_arg"] == 0]  # today's default
             # Second timing of the best and the old default (noise estimate).
             for r in [best] + old[:1]:
                 ys = [torch.empty(m, n, dtype=torch.bfloat16, device=dev) for _ in range(r4)]
                 t2 = time_graph(lambda: [ks.gemv(r["variant"], yy, x, s[0], s[1], gs, m, n, k, r["kw"]) for s, yy in zip(sets, ys)])
                 r["us_again"] = float(np.median(t2)) * 1e3 / r4
             old_row = old[0] if old else None
-            summary.append(dict(best, name=NAMES[(n, k)], old_variant=OLD_DEFAULT[m],
+            summary.append(dict(best, name=NAMES[(n, k)], old_variant=old_default(m),
                                 old_us=old_row["us"] if old_row else None))
             log(f"BEST {NAMES[(n, k)]} [{n},{k}] M={m}: {best['variant']} kw={best['kw']} "
                 f"{best['us']:.2f} us (again {best['us_again']:.2f}) {best['tbs']:.2f} TB/s "
                 f"{best['pct_copy']:.0f}% copy, {best['x_torch']:.2f}x torch bf16"
                 + (f", {best['x_max']:.2f}x MAX bf16" if best["x_max"] else "")
-                + (f"; old {OLD_DEFAULT[m]} {old_row['us']:.2f} us" if old_row else ""))
+                + (f"; old {old_default(m)} {old_row['us']:.2f} us" if old_row else ""))
         del sets, w16, w_ref
         if not DRY:
             torch.cuda.empty_cache()
@@ -707,11 +744,19 @@ def main() -> None:
                 continue
             ncu_out.append(run_ncu(spec, args.out, log))
 
+    choices = range_choice.range_choices(rows, {name: v.op_variant for name, v in VARIANTS.items()
+                                                if v.op_variant >= 0 and v.sk == 1 and not v.pdl and not v.diag})
     result = dict(device=props.name, copy_tbs=copy_tbs, read_tbs=read_tbs, launch_floor_us=floor_us,
-                  correctness=corr, summary=summary, skipped=budget.skipped, ncu=ncu_out,
+                  correctness=corr, summary=summary, skipped=budget.skipped, ncu=ncu_out, ranges=choices,
                   seconds=time.time() - budget.t0)
     (args.out / "kernels_h200.json").write_text(json.dumps(result, indent=1))
     print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log)
+    if args.ranges:
+        log("\n== one kernel per range of M (adopted: at most "
+            f"{range_choice.NOISE:.2f}x the original's time at every M of the range)")
+        for line in range_choice.choices_table(choices, NAMES):
+            log(line)
+        log(f"SM90_TUNED entries these timings justify: {range_choice.tuned_entries(choices)}")
 
 
 def load_only_fit(rows: list[dict], m: int = 1) -> tuple[float, float, int] | None:

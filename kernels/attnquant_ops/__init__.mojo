@@ -162,11 +162,19 @@ struct NVFP4GemvSM90:
     nvfp4_gemv_bulk.mojo; each graph compiles only the kernels its variant can
     launch), kw (0 = pick warps along K), splitk (variants 3-8: blocks of one
     cluster along K, 1/2/4; 0 = pick), pdl (variants 3-6, 8: programmatic
-    dependent launch, weights fetched before waiting on the previous kernel)."""
+    dependent launch, weights fetched before waiting on the previous kernel),
+    wide_variant and wide_kw (for M > 8: a kernel measured faster there than
+    the one `variant` names for M <= 8; -1 = as `variant` and `kw`)."""
 
     @staticmethod
     def execute[
-        target: StaticString, variant: Int = -1, kw: Int = 0, splitk: Int = 0, pdl: Bool = False
+        target: StaticString,
+        variant: Int = -1,
+        kw: Int = 0,
+        splitk: Int = 0,
+        pdl: Bool = False,
+        wide_variant: Int = -1,
+        wide_kw: Int = 0,
     ](
         y: OutputTensor[dtype=DType.bfloat16, rank=2, ...],
         x: InputTensor[dtype=DType.bfloat16, rank=2, ...],
@@ -186,21 +194,32 @@ struct NVFP4GemvSM90:
         comptime if target == "cpu":
             raise Error("nvfp4_gemv_sm90 runs on NVIDIA GPUs only")
         else:
-            nvfp4_gemv_sm90_dispatch[variant, pdl](
-                y.unsafe_ptr(),
-                x.unsafe_ptr(),
-                codes.unsafe_ptr(),
-                scales.unsafe_ptr(),
-                global_scale.unsafe_ptr(),
-                m,
-                n,
-                k,
-                codes.dim_size(0) // 16,
-                codes.dim_size(1) // 32,
-                kw,
-                splitk,
-                ctx,
-            )
+
+            @parameter
+            def run[v: Int](kw_: Int) raises:
+                nvfp4_gemv_sm90_dispatch[v, pdl](
+                    y.unsafe_ptr(),
+                    x.unsafe_ptr(),
+                    codes.unsafe_ptr(),
+                    scales.unsafe_ptr(),
+                    global_scale.unsafe_ptr(),
+                    m,
+                    n,
+                    k,
+                    codes.dim_size(0) // 16,
+                    codes.dim_size(1) // 32,
+                    kw_,
+                    splitk,
+                    ctx,
+                )
+
+            comptime if wide_variant < 0:
+                run[variant](kw)
+            else:
+                if m <= 8:
+                    run[variant](kw)
+                else:
+                    run[wide_variant](wide_kw)
 
 
 @extensibility.register("attnquant.nvfp4_dequant_sm90")

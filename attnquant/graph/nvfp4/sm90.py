@@ -6,15 +6,17 @@ decoded to bf16 in registers). M <= ``GEMV_MAX_M`` runs the GEMV; larger M
 (prefill) dequantizes to bf16 once per call and uses MAX's matmul. The
 kernels, their variants and their layout: docs/dev/kernels.md.
 
-Which GEMV variant a layer runs is chosen once, with the backend
-(:meth:`MojoSM90Backend.kernel_parameters`): a measured fast variant from
-``SM90_TUNED`` for its shape, or ``ATTNQUANT_SM90_VARIANT`` to force one;
-otherwise, and wherever the fast variants cannot run (below sm_90, shapes
-that are not whole 16 x 64 tiles, fewer k-groups than the split), the
-original kernels, with the reason logged.
+Which GEMV kernels a layer runs is chosen once, with the backend
+(:meth:`MojoSM90Backend.kernel_parameters`): the kernels ``SM90_TUNED``
+records as measured fastest for its shape (one for M <= 8, one above), or
+``ATTNQUANT_SM90_VARIANT`` to force one at every M; otherwise, and wherever
+the fast variants cannot run (below sm_90, shapes that are not whole 16 x 64
+tiles), the original kernels, with the reason logged.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from max.dtype import DType
@@ -30,11 +32,33 @@ from attnquant.graph.nvfp4.base import (
 )
 from kernels.sm90_layout import TILE_K, TILE_N, prepare_weights
 
-SM90_TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}
-"""(N, K) -> (variant, kw, splitk) of ``attnquant.nvfp4_gemv_sm90`` for M <= 16:
-a variant measured on the H200 (bench/kernel_timing/kernels_h200.py) to be at
-least as fast as the original kernels at every M from 1 to 16. None is yet:
-none was measured at least as fast at every M (docs/dev/kernels.md)."""
+
+@dataclass(frozen=True)
+class SM90Tuned:
+    """One shape's GEMV kernels, measured on the H200 to be faster than the
+    original ones over a whole range of token rows: ``(variant, kw)`` for
+    M <= 8 (``narrow``) and for 8 < M <= 16 (``wide``); None keeps that
+    range's original kernel (variant 0, resp. 1, with kw picked)."""
+
+    narrow: tuple[int, int] | None = None
+    wide: tuple[int, int] | None = None
+
+
+SM90_TUNED: dict[tuple[int, int], SM90Tuned] = {
+    # Gemma 3 1B: q|k|v, o, down
+    (1536, 1152): SM90Tuned(narrow=(0, 10), wide=(0, 8)),
+    (1152, 1024): SM90Tuned(wide=(0, 8)),
+    (1152, 6912): SM90Tuned(wide=(2, 16)),
+    # Gemma 3 4B: q|k|v, o, gate|up
+    (4096, 2560): SM90Tuned(wide=(2, 10)),
+    (2560, 2048): SM90Tuned(wide=(2, 8)),
+    (20480, 2560): SM90Tuned(narrow=(3, 2), wide=(5, 2)),
+}
+"""(N, K) -> the kernels measured fastest for that shape, per range of M: each
+took at most 0.96x the original kernel's time at every M of its range, in two
+sweeps on the H200 (``bench/kernel_timing/kernels_h200.py --ranges``, which
+prints this table; figures in docs/dev/kernels.md). Shapes not listed (the
+31B ones; 1B gate|up and 4B down, where nothing won) keep the original kernels."""
 SM90_MAX_VARIANT = 8  # nvfp4_gemv_bulk.mojo: SM90_VARIANTS - 1
 _BULK_VARIANTS = (3, 4, 5, 6, 8)  # the bulk-copy rings: the ones with programmatic dependent launch
 
@@ -61,26 +85,23 @@ class MojoSM90Backend(NVFP4Backend):
 
     @classmethod
     def kernel_parameters(cls, config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
-        """The GEMV variant for this layer (empty: the original kernels) and why."""
+        """The GEMV kernels for this layer (empty: the original kernels) and why."""
         if config.sm90_variant:
-            fields = [int(f) for f in config.sm90_variant.split(":")] + [0, 0, 0]
-            wanted = {"variant": fields[0], "kw": fields[1], "splitk": fields[2], "pdl": fields[3]}
-            source = f"ATTNQUANT_SM90_VARIANT={config.sm90_variant}"
-        elif (config.n, config.k) in SM90_TUNED:
-            wanted = dict(zip(("variant", "kw", "splitk"), SM90_TUNED[(config.n, config.k)])) | {"pdl": 0}
-            source = "the fastest variant measured for this shape"
-        else:
+            return _forced_parameters(config)
+        tuned = SM90_TUNED.get((config.n, config.k))
+        if tuned is None:
             return (), "original kernels (no variant measured faster for this shape)"
-        problem = _fast_variant_problem(wanted, config)
-        if problem:
-            return (), f"{source} not taken: {problem}; original kernels"
-        if wanted["variant"] >= 3 and wanted["splitk"] == 0:
-            wanted["splitk"] = 1  # 0 lets the op pick a cluster split-K, which faults (above)
-        if wanted["pdl"]:
-            wanted["pdl"] = True  # the op's parameter is a Bool: an integer does not convert
-        else:
-            del wanted["pdl"]
-        return tuple(wanted.items()), source
+        narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
+        source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}, M>8: {_named(wide)})"
+        for variant, kw in (narrow, wide):
+            problem = _fast_variant_problem({"variant": variant, "kw": kw, "splitk": 1, "pdl": 0}, config)
+            if problem:
+                return (), f"{source} not taken: {problem}; original kernels"
+        splitk = 1 if max(narrow[0], wide[0]) >= 3 else 0  # 1: never the op's own (cluster) pick
+        return (
+            ("variant", narrow[0]), ("kw", narrow[1]), ("splitk", splitk),
+            ("wide_variant", wide[0]), ("wide_kw", wide[1]),
+        ), source  # fmt: skip
 
     @classmethod
     def apply(cls, x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor, config: NVFP4LayerConfig) -> Tensor:
@@ -89,6 +110,28 @@ class MojoSM90Backend(NVFP4Backend):
             gemv_op="attnquant.nvfp4_gemv_sm90", dequant_op="attnquant.nvfp4_dequant_sm90",
             weight_dtype=DType.bfloat16,
         )  # fmt: skip
+
+
+def _forced_parameters(config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
+    """``ATTNQUANT_SM90_VARIANT=v[:kw[:splitk[:pdl]]]``: one kernel at every M."""
+    fields = [int(f) for f in config.sm90_variant.split(":")] + [0, 0, 0]
+    wanted = {"variant": fields[0], "kw": fields[1], "splitk": fields[2], "pdl": fields[3]}
+    source = f"ATTNQUANT_SM90_VARIANT={config.sm90_variant}"
+    problem = _fast_variant_problem(wanted, config)
+    if problem:
+        return (), f"{source} not taken: {problem}; original kernels"
+    if wanted["variant"] >= 3 and wanted["splitk"] == 0:
+        wanted["splitk"] = 1  # 0 lets the op pick a cluster split-K, which faults (above)
+    if wanted["pdl"]:
+        wanted["pdl"] = True  # the op's parameter is a Bool: an integer does not convert
+    else:
+        del wanted["pdl"]
+    return tuple(wanted.items()), source
+
+
+def _named(choice: tuple[int, int]) -> str:
+    variant, kw = choice
+    return f"variant {variant}, kw {kw or 'picked'}"
 
 
 def _fast_variant_problem(wanted: dict[str, int], config: NVFP4LayerConfig) -> str | None:

@@ -92,7 +92,7 @@ class MojoSM90Backend(NVFP4Backend):
         if tuned is None:
             return (), "original kernels (no variant measured faster for this shape)"
         narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
-        source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}, M>8: {_named(wide)})"
+        source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}; M>8: {_named(wide)})"
         for variant, kw in (narrow, wide):
             problem = _fast_variant_problem({"variant": variant, "kw": kw, "splitk": 1, "pdl": 0}, config)
             if problem:

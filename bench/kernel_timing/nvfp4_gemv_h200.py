@@ -34,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from attnquant.graph.ops import custom_extensions_path  # noqa: E402
+from kernels.sm90_layout import prepare_weights  # noqa: E402
 
 SHAPES_BIG = [(16384, 5376), (5376, 8192), (43008, 5376), (5376, 21504)]
 SHAPES_GEMMA3_1B = [(1536, 1152), (1152, 1024), (13824, 1152), (1152, 6912)]
@@ -128,14 +130,14 @@ def check_public_entry(mx: Max, gen: torch.Generator) -> list[dict]:
         TensorLayout(DType.float32, [1], dev),
     ]
     t0 = time.time()
-    run = compilation.compile(forward, custom_extensions=[K.custom_extensions_path()], session=mx.session)(*types)
+    run = compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=mx.session)(*types)
     log(f"public-entry graph compiled in {time.time() - t0:.1f} s")
     if mx.compile_only:
         return []
     rows = []
     for m in (1, 3, 8, 9, 16, 17, 64):
         packed, scale_bits = random_weights(n, k, gen)
-        codes, scales = K.prepare_weights(packed, scale_bits)
+        codes, scales = prepare_weights(packed, scale_bits)
         gs = 0.0137
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         ref = x.double() @ reference_weight(packed, scale_bits, gs).T
@@ -167,7 +169,7 @@ def build_graph(mx: Max, kind: str, r: int, variant: int = -1):
         inputs = [x_t, *w_types, TensorType(DType.float32, [1], dev)]
     else:
         inputs = [x_t, *[TensorType(DType.bfloat16, ["n", "k"], dev) for _ in range(r)]]
-    with Graph(f"{kind}_r{r}", input_types=inputs, custom_extensions=[K.custom_extensions_path()]) as g:
+    with Graph(f"{kind}_r{r}", input_types=inputs, custom_extensions=[custom_extensions_path()]) as g:
         x = g.inputs[0]
         outs = []
         if kind == "fp4":
@@ -277,7 +279,7 @@ def run_timing(mx: Max, gen: torch.Generator, shapes: list, r: int, reps: int) -
         sets, bufs = [], []
         for _ in range(r):
             packed, scale_bits = random_weights(n, k, gen)
-            codes, scales = K.prepare_weights(packed, scale_bits)
+            codes, scales = prepare_weights(packed, scale_bits)
             sets.append((packed, scale_bits))
             bufs += [mx.buf(codes), mx.buf(scales)]
         gs = 0.0123

@@ -1,0 +1,132 @@
+"""The GEMV kernels ``SM90_TUNED`` picks, through MAX on the H200, against float64.
+
+For every shape in ``attnquant.graph.nvfp4.sm90.SM90_TUNED`` this builds the
+projection exactly as a served model does (the sm90 backend's
+``kernel_parameters``, the prepared layout, ``gemv_only`` so the GEMV op runs
+at every M), all shapes in one MAX graph with a symbolic row count, and checks
+M = 1, 2, 3, 8 (the kernel for up to 8 rows) and 9, 12, 16 (the one above)
+against float64 on fresh inputs, output and weights drawn anew per shape.
+
+On the H200, after staging MAX (../shared/device/README.md):
+    python3 bench/checks/sm90_tuned_h200.py
+Here, without a GPU, ``--compile-only`` compiles the graph for a virtual
+sm_90a. Prints one line per (shape, M) and exits non-zero if any relative
+error exceeds 1e-2 (the kernels' own is ~1.7e-3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+MS = (1, 2, 3, 8, 9, 12, 16)
+TOLERANCE = 1e-2
+E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+
+
+def random_weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes (all 16 values), valid E4M3 scales with some subnormals."""
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    scale_bits = torch.randint(0x28, 0x58, (n, k // 16), dtype=torch.uint8, generator=gen)
+    sub = scale_bits.view(-1)[::97]
+    sub.copy_(torch.randint(1, 8, sub.shape, dtype=torch.uint8, generator=gen))
+    return packed, scale_bits
+
+
+def reference_weight(packed: torch.Tensor, scale_bits: torch.Tensor, gs: float) -> torch.Tensor:
+    """float64 [N, K] straight from the ModelOpt bytes (independent of the sm90 layout)."""
+    n, half_k = packed.shape
+    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(n, 2 * half_k).long()
+    return E2M1[codes] * E4M3[scale_bits.long()].repeat_interleave(16, dim=1) * gs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compile-only", action="store_true", help="compile for a virtual sm_90a, no GPU")
+    args = ap.parse_args()
+
+    from max import driver
+
+    if args.compile_only:
+        driver.set_virtual_device_api("cuda")
+        driver.set_virtual_device_target_arch("sm_90a")
+        driver.set_virtual_device_count(1)
+    from max.dtype import DType
+    from max.engine import InferenceSession
+    from max.experimental import compilation
+    from max.experimental.sharding import TensorLayout
+    from max.experimental.tensor import Tensor
+
+    from attnquant.graph import nvfp4 as K
+    from attnquant.graph.nvfp4.sm90 import SM90_TUNED
+    from attnquant.graph.ops import custom_extensions_path
+    from kernels.sm90_layout import prepare_weights
+
+    gpu, cpu = driver.Accelerator(), driver.CPU()
+    session = InferenceSession(devices=[cpu, gpu])
+    backend = K.backend_named("mojo-sm90")
+    configs = []
+    for n, k in SM90_TUNED:
+        config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
+        params, why = backend.kernel_parameters(config)
+        print(f"[{n}, {k}]: {dict(params)} ({why})", flush=True)
+        configs.append(dataclasses.replace(config, kernel_params=params))
+
+    def forward(*inputs):
+        gs = inputs[-1]
+        return tuple(
+            K.apply(backend, inputs[3 * i], (inputs[3 * i + 1], inputs[3 * i + 2], gs), c) for i, c in enumerate(configs)
+        )
+
+    types = []
+    for c in configs:
+        types += [TensorLayout(DType.bfloat16, ["m", c.k], gpu), TensorLayout(DType.uint8, [c.n, c.k // 2], gpu),
+                  TensorLayout(DType.uint8, [c.n, c.k // 16], gpu)]  # fmt: skip
+    types.append(TensorLayout(DType.float32, [1], gpu))
+    t0 = time.time()
+    run = compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
+    print(f"graph with {len(configs)} projections compiled for sm_90a in {time.time() - t0:.1f} s", flush=True)
+    if args.compile_only:
+        return 0
+
+    gen = torch.Generator().manual_seed(0)
+    gs = 0.0137
+    weights, refs = [], []
+    for c in configs:
+        packed, scale_bits = random_weights(c.n, c.k, gen)
+        codes, scales = prepare_weights(packed, scale_bits)
+        weights += [codes, scales]
+        refs.append(reference_weight(packed, scale_bits, gs).cuda())
+
+    def buf(t: torch.Tensor) -> Tensor:
+        return Tensor.from_dlpack(driver.Buffer.from_dlpack(t.contiguous()).to(gpu))
+
+    worst = 0.0
+    for m in MS:
+        xs = [torch.randn(m, c.k, generator=gen).to(torch.bfloat16) for c in configs]
+        inputs = []
+        for i, x in enumerate(xs):
+            inputs += [buf(x), buf(weights[2 * i]), buf(weights[2 * i + 1])]
+        outs = run(*inputs, buf(torch.tensor([gs], dtype=torch.float32)))
+        for c, x, ref_w, y in zip(configs, xs, refs, outs):
+            got = torch.from_dlpack(y.driver_tensor.to(cpu) if hasattr(y, "driver_tensor") else y.to(cpu)).double()
+            ref = (x.double().cuda() @ ref_w.T).cpu()
+            err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+            worst = max(worst, err)
+            print(f"[{c.n}, {c.k}] M={m}: rel err {err:.2e}", flush=True)
+    ok = worst <= TOLERANCE
+    print(f"RESULT {'OK' if ok else 'FAIL'}: worst rel err {worst:.2e} over {len(configs)} shapes x M {MS}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -451,6 +451,20 @@ def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
     assert "another above" in r.stdout, (r.stdout + r.stderr)[-4000:]
 
 
+@pytest.mark.max
+def test_measured_kernels_compile_at_their_shapes_for_virtual_sm90a() -> None:
+    """Every SM90_TUNED entry, at its own shape and as a served model builds
+    it, compiles in one MAX graph for a virtual sm_90a: the CPU twin of
+    bench/checks/sm90_tuned_h200.py, which checks the same graph on the H200."""
+    script = ROOT / "bench" / "checks" / "sm90_tuned_h200.py"
+    r = subprocess.run([__import__("sys").executable, str(script), "--compile-only"], capture_output=True, text=True,
+                       timeout=1200, env=child_environment(), cwd=ROOT)  # fmt: skip
+    from attnquant.graph.nvfp4.sm90 import SM90_TUNED
+
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert f"graph with {len(SM90_TUNED)} projections compiled for sm_90a" in r.stdout, r.stdout[-4000:]
+
+
 # ---------------------------------------------------------------------------
 # The M dispatch (F.cond) with weights a module owns, as the model uses it
 # ---------------------------------------------------------------------------

@@ -197,9 +197,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_SM90_VARIANT", "sm90_variant", _parse_sm90_variant, _constant(""),
         "(measured)", "variant[:kw[:splitk[:pdl]]] integers",
-        "Developer override of the sm90 NVFP4 GEMV kernel variant for every layer (empty: the "
-        "fastest variant measured for each shape, docs/dev/kernels.md); layers it cannot run on "
-        "keep the original kernel, and the log says why.",
+        "Developer override of the sm90 NVFP4 GEMV kernel for every layer at every token count "
+        "(empty: the kernels measured fastest for each shape, one up to 8 tokens and one above, "
+        "docs/dev/kernels.md; -1: the original kernels everywhere); layers it cannot run on keep "
+        "the original kernel, and the log says why.",
     ),
     Setting(
         "ATTNQUANT_SM100_INPUT_SCALE", "sm100_input_scale", _parse_positive_float, _constant(1.0),

@@ -184,6 +184,8 @@ def layer(n: int, k: int, arch: str = "sm_90a", forced: str = "") -> K.NVFP4Laye
         # nothing measured, nothing forced: the original kernels
         ("", layer(13824, 1152), (), "no variant measured faster"),
         ("3:4:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1)), "ATTNQUANT_SM90_VARIANT=3:4:1"),
+        # -1: the original kernels, even where SM90_TUNED has the shape (an A/B against the table)
+        ("-1", layer(1536, 1152), (("variant", -1), ("kw", 0), ("splitk", 0)), "ATTNQUANT_SM90_VARIANT=-1"),
         ("1", layer(1536, 1152, "sm_80"), (("variant", 1), ("kw", 0), ("splitk", 0)), "ATTNQUANT_SM90_VARIANT=1"),
         ("3:4:1:1", layer(1536, 1152), (("variant", 3), ("kw", 4), ("splitk", 1), ("pdl", 1)), "=3:4:1:1"),
         # a fast variant's split left open is pinned to 1: the op's own pick may be a cluster split

@@ -40,13 +40,16 @@
 #      ours NVFP4 + capture and ours bf16 + capture (BUILTIN27=1: MAX's built-in bf16
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
+#   "tuned" (after padding): the GEMV kernels SM90_TUNED picks per shape and range of M
+#      against the original kernels everywhere (ATTNQUANT_SM90_VARIANT=-1), ours NVFP4 +
+#      capture at the 1B geometry, c=1 and c=16 (where the table's kernels for 9-16 rows act);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
 # MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.
-# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
 # the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
@@ -138,6 +141,13 @@ big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
 }
 
+tuned() {  # two 1B servers, one compile each (~9 minutes side by side), then c=1 and c=16
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
+    --max-batch-size 16 --cells "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1${MM}=8" \
+    --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
+    --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
+}
+
 big4b() {  # 24 + 28 GiB
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
@@ -149,7 +159,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
   if wants cachecheck; then say "cachecheck"; cachecheck > "$WORK/cachecheck.txt" 2>&1; say "cachecheck done"; fi
-  if wants invariance || wants padding || wants verify; then say "checkpoints"; checkpoints; fi
+  if wants invariance || wants padding || wants tuned || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big || wants big4b; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
     say "kernels"; ( flock "$LOCK" timeout $(( ${KERNEL_BUDGET:-330} + 90 )) python3 "$HERE/../kernel_timing/kernels_h200.py" \
@@ -158,7 +168,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   fi
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
   # a 1B server beside five others compiled in 10 minutes (two alone: 9).
-  ( if wants mtp && { wants padding || wants invariance || wants big4b; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
+  ( if wants mtp && { wants padding || wants tuned || wants invariance || wants big4b; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
@@ -168,6 +178,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
         > "$WORK/padding.txt" 2>&1
       say "padding done"
     fi
+    if wants tuned; then say "tuned"; tuned; say "tuned done"; fi
     if wants invariance; then  # after padding: the same 1B servers then start from MAX's cache
       say "invariance"
       # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
@@ -204,7 +215,7 @@ collect() {  # at most 8 files come back
   { cat "$WORK/gpu.txt" "$WORK/progress.log" "$WORK/cachecheck.txt"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
   cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
   cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
-  cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
+  cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
   cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
   cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl > "$OUT/big.txt" 2>/dev/null

@@ -457,8 +457,8 @@ def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
 def test_measured_kernels_compile_at_their_shapes_for_virtual_sm90a() -> None:
     """Every SM90_TUNED entry, at its own shape and as a served model builds
     it, compiles in one MAX graph for a virtual sm_90a: the CPU twin of
-    bench/checks/sm90_tuned_h200.py, which checks the same graph on the H200."""
-    script = ROOT / "bench" / "checks" / "sm90_tuned_h200.py"
+    bench/kernel_timing/sm90_tuned_h200.py, which checks the same graph on the H200."""
+    script = ROOT / "bench" / "kernel_timing" / "sm90_tuned_h200.py"
     r = subprocess.run([__import__("sys").executable, str(script), "--compile-only"], capture_output=True, text=True,
                        timeout=1200, env=child_environment(), cwd=ROOT)  # fmt: skip
     from attnquant.graph.nvfp4.sm90 import SM90_TUNED

@@ -8,7 +8,7 @@ M = 1, 2, 3, 8 (the kernel for up to 8 rows) and 9, 12, 16 (the one above)
 against float64 on fresh inputs, output and weights drawn anew per shape.
 
 On the H200, after staging MAX (../shared/device/README.md):
-    python3 bench/checks/sm90_tuned_h200.py
+    python3 bench/kernel_timing/sm90_tuned_h200.py
 Here, without a GPU, ``--compile-only`` compiles the graph for a virtual
 sm_90a. Prints one line per (shape, M) and exits non-zero if any relative
 error exceeds 1e-2 (the kernels' own is ~1.7e-3).
@@ -26,27 +26,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from nvfp4_gemv_h200 import random_weights, reference_weight  # noqa: E402  (this folder)
 
 MS = (1, 2, 3, 8, 9, 12, 16)
 TOLERANCE = 1e-2
-E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
-E4M3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
-
-
-def random_weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random codes (all 16 values), valid E4M3 scales with some subnormals."""
-    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
-    scale_bits = torch.randint(0x28, 0x58, (n, k // 16), dtype=torch.uint8, generator=gen)
-    sub = scale_bits.view(-1)[::97]
-    sub.copy_(torch.randint(1, 8, sub.shape, dtype=torch.uint8, generator=gen))
-    return packed, scale_bits
-
-
-def reference_weight(packed: torch.Tensor, scale_bits: torch.Tensor, gs: float) -> torch.Tensor:
-    """float64 [N, K] straight from the ModelOpt bytes (independent of the sm90 layout)."""
-    n, half_k = packed.shape
-    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(n, 2 * half_k).long()
-    return E2M1[codes] * E4M3[scale_bits.long()].repeat_interleave(16, dim=1) * gs
 
 
 def main() -> int:

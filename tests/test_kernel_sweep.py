@@ -31,8 +31,9 @@ def test_range_choice_adopts_only_what_is_faster_at_every_row_count() -> None:
     op_variants = {"gv0": 0, "a5": 1, "g4": 2, "b3s1": 3}
     rows = []
 
-    def timed(variant: str, kw: int, us: dict[int, float], err: float = 1e-3) -> None:
-        rows.extend(dict(n=64, k=128, m=m, variant=variant, kw_arg=kw, us=t, err=err) for m, t in us.items())
+    def timed(variant: str, kw: int, us: dict[int, float], err: float = 1e-3, used: int | None = None) -> None:
+        rows.extend(dict(n=64, k=128, m=m, variant=variant, kw_arg=kw, kw=used or kw, us=t, err=err)
+                    for m, t in us.items())
 
     timed("gv0", 0, {1: 10.0, 2: 10.0, 4: 10.0, 8: 10.0})
     timed("gv0", 10, {1: 9.0, 2: 9.0, 4: 9.5, 8: 9.0})  # 0.95 at worst: adopted
@@ -41,12 +42,21 @@ def test_range_choice_adopts_only_what_is_faster_at_every_row_count() -> None:
     timed("g4", 16, {9: 8.0, 12: 8.0, 16: 9.7})  # 0.97 at M=16: within the noise, not adopted
     timed("b3s1", 4, {9: 1.0, 12: 1.0, 16: 1.0}, err=0.5)  # wrong: never a candidate
     timed("ld0", 0, {9: 1.0, 12: 1.0, 16: 1.0})  # not a kernel the op can run
-    choices = {c["range"]: c for c in rc.range_choices(rows, op_variants)}
+    choices = {c["range"]: c for c in rc.range_choices([rows], op_variants)}
     narrow, wide = choices["narrow"], choices["wide"]
     assert narrow["best"] == ("gv0", 10) and narrow["adopt"] and narrow["entry"] == (0, 10)
     assert abs(narrow["worst"] - 0.95) < 1e-12
+    # a second sweep where the candidate is slower at one M: the worst over both decides
+    again = [dict(r, us=r["us"] * (1.02 if r["variant"] == "gv0" and r["kw_arg"] == 10 and r["m"] == 4 else 1.0))
+             for r in rows]
+    both = {c["range"]: c for c in rc.range_choices([rows, again], op_variants)}
+    assert not both["narrow"]["adopt"] and abs(both["narrow"]["worst"] - 0.95 * 1.02) < 1e-12
     assert wide["best"] == ("g4", 16) and not wide["adopt"] and wide["entry"] is None
     assert rc.tuned_entries(list(choices.values())) == {(64, 128): {"narrow": (0, 10)}}
+    # an entry names the kw the harness launched, also where the kernel picked it
+    timed("b3s1", 0, {9: 5.0, 12: 5.0, 16: 5.0}, used=4)
+    wide = {c["range"]: c for c in rc.range_choices([rows], op_variants)}["wide"]
+    assert wide["best"] == ("b3s1", 0) and wide["entry"] == (3, 4)
     lines = rc.choices_table(list(choices.values()), {(64, 128): "tiny"})
     assert "| tiny 64x128 | M 1-8 | 10.00 / 10.00 / 10.00 / 10.00 | gv0 (10) |" in lines[2]
     assert lines[3].endswith("| 0.97 | no |")

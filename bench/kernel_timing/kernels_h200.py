@@ -32,9 +32,9 @@ What it does, in order (a budget guard skips what no longer fits and says so):
    past the 60 MB L2, median of 20 graph replays); torch bf16 (cuBLAS) the same
    way; the best and the old default are timed a second time (noise);
    With --ranges instead: what one SM90_TUNED entry can name (op variants, no
-   cluster split, no PDL) at every M of each range, 1B/4B shapes at M = 1, 2,
-   4, 8 and 9, 12, 16, 31B shapes at 9, 12, 16; the last lines then give the
-   entries the timings justify (range_choice.py);
+   cluster split, no PDL) at every M of each range (1, 2, 4, 8 and 9, 12, 16),
+   on every Gemma 3 size's projection shapes and the 31B's; the last lines then
+   give the entries the timings justify (range_choice.py);
 4. table: variant, shape, M, us, TB/s (0.5625 B/weight), % of copy, x vs torch
    bf16, x vs MAX bf16 (MAX's figure from docs/dev/kernels.md, 2026-11-29, where
    there is one; MAX is not on this machine), rel err; best per shape.
@@ -82,10 +82,17 @@ E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, 
 SHAPES_31B = [(16384, 5376), (5376, 8192), (43008, 5376), (5376, 21504)]
 SHAPES_1B = [(1536, 1152), (1152, 1024), (13824, 1152), (1152, 6912)]
 SHAPES_4B = [(4096, 2560), (2560, 2048), (20480, 2560), (2560, 10240)]
+# --ranges also times the other Gemma 3 sizes (27B's gate|up and down are the 31B's shapes).
+SHAPES_270M = [(1536, 640), (640, 1024), (4096, 640), (640, 2048)]
+SHAPES_12B = [(8192, 3840), (3840, 4096), (30720, 3840), (3840, 15360)]
+SHAPES_27B = [(8192, 5376), (5376, 4096)]
 NAMES = {
     (16384, 5376): "31B q|k|v", (5376, 8192): "31B o", (43008, 5376): "31B gate|up", (5376, 21504): "31B down",
     (1536, 1152): "1B q|k|v", (1152, 1024): "1B o", (13824, 1152): "1B gate|up", (1152, 6912): "1B down",
     (4096, 2560): "4B q|k|v", (2560, 2048): "4B o", (20480, 2560): "4B gate|up", (2560, 10240): "4B down",
+    (1536, 640): "270M q|k|v", (640, 1024): "270M o", (4096, 640): "270M gate|up", (640, 2048): "270M down",
+    (8192, 3840): "12B q|k|v", (3840, 4096): "12B o", (30720, 3840): "12B gate|up", (3840, 15360): "12B down",
+    (8192, 5376): "27B q|k|v", (5376, 4096): "27B o",
 }  # fmt: skip
 # MAX 26.7 bf16 matmul on this H200 (docs/dev/kernels.md, 2026-11-29): (N, K, M) -> us.
 MAX_BF16_US = {
@@ -147,6 +154,12 @@ VARIANTS = {
     "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
     "ld16": Variant("reg", 1, 1, diag=True),
 }  # fmt: skip
+
+
+def tunable_variants() -> dict[str, int]:
+    """The harness kernels one SM90_TUNED entry can name, with their op variant
+    (no cluster split, no programmatic dependent launch, no diagnostics)."""
+    return {name: v.op_variant for name, v in VARIANTS.items() if v.op_variant >= 0 and v.sk == 1 and not v.pdl and not v.diag}
 
 
 def old_default(m: int) -> str:
@@ -570,8 +583,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated variants to time (the old default always is)")
     ap.add_argument("--extra-kw", default="", help="comma-separated extra kw values for the register kernels")
     ap.add_argument("--ranges", action="store_true",
-                    help="time what one SM90_TUNED entry can name at every M of its range (1B, 4B shapes at "
-                         "M 1-16, 31B at M 9-16) and print the entries the timings justify")
+                    help="time what one SM90_TUNED entry can name at every M of its range (M 1-8, 9-16) on "
+                         "every Gemma 3 size's shapes and the 31B's, and print the entries the timings justify")
     ap.add_argument("--ncu", choices=("auto", "off"), default="auto")
     ap.add_argument("--dry-run", action="store_true", help="CPU, reference kernel: checks the script's flow only")
     ap.add_argument("--check-child", help=argparse.SUPPRESS)  # internal: run the correctness block, write progress here
@@ -599,10 +612,11 @@ def main() -> None:
         jsonl.write(json.dumps(row) + "\n")
         jsonl.flush()
 
-    global SHAPES_31B, SHAPES_1B, SHAPES_4B
+    global SHAPES_31B, SHAPES_1B, SHAPES_4B, SHAPES_270M, SHAPES_12B, SHAPES_27B
     if args.dry_run:
         DRY = True
         SHAPES_31B, SHAPES_1B, SHAPES_4B = [(48, 320)], [(40, 192)], [(32, 128)]
+        SHAPES_270M, SHAPES_12B, SHAPES_27B = [], [], []
         for s_ in SHAPES_31B + SHAPES_1B + SHAPES_4B:
             NAMES[s_] = f"dry {s_}"
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -646,8 +660,9 @@ def main() -> None:
     cells += [(s, 4) for s in SHAPES_31B] + [(s, 16) for s in SHAPES_31B]
     cells += [(s, m) for m in (4, 16, 2, 8) for s in SHAPES_1B + SHAPES_4B]
     if args.ranges:
-        small = [(s, m) for s in SHAPES_1B + SHAPES_4B for m in range_choice.RANGES["narrow"] + range_choice.RANGES["wide"]]
-        cells = small + [(s, m) for s in SHAPES_31B for m in range_choice.RANGES["wide"]]
+        every_m = range_choice.RANGES["narrow"] + range_choice.RANGES["wide"]
+        gemma3 = SHAPES_270M + SHAPES_1B + SHAPES_4B + SHAPES_12B + SHAPES_27B
+        cells = [(s, m) for s in gemma3 + SHAPES_31B for m in every_m]
     by_shape: dict[tuple[int, int], list[int]] = {}
     for s, m in cells:
         by_shape.setdefault(s, []).append(m)
@@ -744,8 +759,7 @@ def main() -> None:
                 continue
             ncu_out.append(run_ncu(spec, args.out, log))
 
-    choices = range_choice.range_choices(rows, {name: v.op_variant for name, v in VARIANTS.items()
-                                                if v.op_variant >= 0 and v.sk == 1 and not v.pdl and not v.diag})
+    choices = range_choice.range_choices([rows], tunable_variants())
     result = dict(device=props.name, copy_tbs=copy_tbs, read_tbs=read_tbs, launch_floor_us=floor_us,
                   correctness=corr, summary=summary, skipped=budget.skipped, ncu=ncu_out, ranges=choices,
                   seconds=time.time() - budget.t0)

@@ -1,55 +1,74 @@
-"""Which GEMV kernel each shape should run, per range of token rows, from a
-kernel sweep's timed rows (bench/kernel_timing/kernels_h200.py --ranges).
+"""Which GEMV kernel each shape should run, per range of token rows, from
+kernel sweeps' timed rows (bench/kernel_timing/kernels_h200.py --ranges).
 
 The op runs one kernel for M <= 8 and one for 8 < M <= 16
 (``attnquant.graph.nvfp4.sm90.SM90Tuned``), so a candidate replaces the
-original kernel of a range only if it was timed at every M of that range and
-was faster at each by more than the noise (two timings of one configuration
-differ by up to 4 %). Pure Python: tested on CPU (tests/test_kernel_sweep.py).
+original kernel of a range only if it was timed at every M of that range in
+every sweep and was faster at each by more than the noise (two timings of one
+configuration differ by up to 4 %). Pure Python: tested on CPU
+(tests/test_kernel_sweep.py). From stored sweeps:
+
+    python bench/kernel_timing/range_choice.py SWEEP.jsonl[.gz] [SWEEP.jsonl[.gz] ...]
 """
 
 from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
 
 RANGES = {"narrow": (1, 2, 4, 8), "wide": (9, 12, 16)}
 ORIGINAL = {"narrow": "gv0", "wide": "a5"}  # what the op's variant -1 runs there, kw picked
 NOISE = 0.96  # a candidate must take at most this fraction of the original's time at every M
 MAX_REL_ERR = 1e-2
 
+Timings = dict[tuple[int, int, str, int, int], tuple[float, int]]  # (n, k, variant, kw_arg, m) -> (us, kw used)
 
-def range_choices(rows: list[dict], op_variants: dict[str, int]) -> list[dict]:
-    """One dict per (shape, range) that has the original kernel's timings:
-    n, k, range, ms, original_us (per M), best (name, kw_arg) or None,
-    best_us, worst (the best's largest time ratio to the original over the
-    range), adopt (worst <= NOISE) and entry ((op variant, kw) or None).
-    op_variants: the harness names the op can run, with their op variant
-    (kernels the op cannot launch, diagnostics and PDL are left out)."""
-    timed: dict[tuple[int, int, str, int], float] = {}
+
+def _timings(rows: list[dict]) -> Timings:
+    out: Timings = {}
     for r in rows:
         if r.get("err", 0.0) < MAX_REL_ERR:
             key = (r["n"], r["k"], r["variant"], r["kw_arg"], r["m"])
-            timed[key] = min(timed.get(key, float("inf")), r["us"])  # type: ignore[index]
-    shapes = sorted({(n, k) for n, k, *_ in timed})
+            if key not in out or r["us"] < out[key][0]:
+                out[key] = (r["us"], r.get("kw", r["kw_arg"]))
+    return out
+
+
+def range_choices(sweeps: list[list[dict]], op_variants: dict[str, int]) -> list[dict]:
+    """One dict per (shape, range) with the original kernel timed at every M
+    in every sweep: n, k, range, ms, original_us and best_us (the first
+    sweep's, per M), best ((name, kw_arg) or None), worst (the best's largest
+    time ratio to the original over the range and the sweeps), adopt (worst
+    <= NOISE) and entry ((op variant, kw the harness launched) or None).
+    op_variants: the harness names one entry can name, with their op variant
+    (kernels_h200.tunable_variants())."""
+    tables = [_timings(rows) for rows in sweeps]
+    shapes = sorted({(n, k) for n, k, *_ in tables[0]})
     out = []
     for n, k in shapes:
         for name, ms in RANGES.items():
-            original = [timed.get((n, k, ORIGINAL[name], 0, m)) for m in ms]  # type: ignore[arg-type]
-            if any(t is None for t in original):
+            original = [[t.get((n, k, ORIGINAL[name], 0, m)) for m in ms] for t in tables]
+            if any(o is None for per_sweep in original for o in per_sweep):
                 continue
-            best, best_us, worst = None, None, float("inf")
-            for cand in sorted({(v, kw) for nn, kk, v, kw, _ in timed if (nn, kk) == (n, k)}):
+            best, worst = None, float("inf")
+            for cand in sorted({(v, kw) for nn, kk, v, kw, _ in tables[0] if (nn, kk) == (n, k)}):
                 if cand[0] not in op_variants or cand == (ORIGINAL[name], 0):
                     continue
-                us = [timed.get((n, k, cand[0], cand[1], m)) for m in ms]  # type: ignore[arg-type]
-                if any(t is None for t in us):
+                timed = [[t.get((n, k, *cand, m)) for m in ms] for t in tables]
+                if any(c is None for per_sweep in timed for c in per_sweep):
                     continue
-                ratio = max(t / o for t, o in zip(us, original))  # type: ignore[operator]
+                ratio = max(c[0] / o[0] for cs, os_ in zip(timed, original) for c, o in zip(cs, os_))  # type: ignore[index]
                 if ratio < worst:
-                    best, best_us, worst = cand, us, ratio
+                    best, worst = cand, ratio
+            first = tables[0]
             adopt = best is not None and worst <= NOISE
             out.append(dict(
-                n=n, k=k, range=name, ms=ms, original_us=original, best=best, best_us=best_us,
+                n=n, k=k, range=name, ms=ms, original_us=[first[(n, k, ORIGINAL[name], 0, m)][0] for m in ms],
+                best=best, best_us=[first[(n, k, *best, m)][0] for m in ms] if best else None,
                 worst=worst if best else None, adopt=adopt,
-                entry=(op_variants[best[0]], best[1]) if adopt and best else None,
+                entry=(op_variants[best[0]], first[(n, k, *best, ms[0])][1]) if adopt and best else None,
             ))  # fmt: skip
     return out
 
@@ -80,3 +99,21 @@ def choices_table(choices: list[dict], names: dict[tuple[int, int], str]) -> lis
         lines.append(f"| {shape} | M {c['ms'][0]}-{c['ms'][-1]} | {times(c['original_us'])} | {best} "
                      f"| {times(c['best_us'])} | {worst} | {'yes' if c['adopt'] else 'no'} |")  # fmt: skip
     return lines
+
+
+def main(paths: list[str]) -> None:
+    from kernels_h200 import NAMES, tunable_variants  # this folder; imports torch
+
+    def lines(path: str) -> list[str]:
+        raw = gzip.open(path, "rt").read() if path.endswith(".gz") else Path(path).read_text()
+        return [line for line in raw.splitlines() if line.strip()]
+
+    sweeps = [[json.loads(line) for line in lines(p)] for p in paths]
+    choices = range_choices(sweeps, tunable_variants())
+    print(f"{len(sweeps)} sweep(s); adopted: at most {NOISE:.2f}x the original's time at every M of the range in each")
+    print("\n".join(choices_table(choices, NAMES)))
+    print(f"SM90_TUNED entries these timings justify: {tuned_entries(choices)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

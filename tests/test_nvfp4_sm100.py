@@ -100,6 +100,9 @@ _COMPILE = textwrap.dedent(
              TensorLayout(DType.float8_e4m3fn, [n, k // 16], gpu), TensorLayout(DType.float32, [1], gpu)]
     compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
     print("COMPILED sm_100a")
+
+    from attnquant.max_compat import exit_after_virtual_compile
+    exit_after_virtual_compile()
     """
 )
 

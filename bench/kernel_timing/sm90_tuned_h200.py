@@ -52,6 +52,7 @@ def main() -> int:
     from attnquant.graph import nvfp4 as K
     from attnquant.graph.nvfp4.sm90 import SM90_TUNED
     from attnquant.graph.ops import custom_extensions_path
+    from attnquant.max_compat import exit_after_virtual_compile
     from kernels.sm90_layout import prepare_weights
 
     gpu, cpu = driver.Accelerator(), driver.CPU()
@@ -79,7 +80,7 @@ def main() -> int:
     run = compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
     print(f"graph with {len(configs)} projections compiled for sm_90a in {time.time() - t0:.1f} s", flush=True)
     if args.compile_only:
-        return 0
+        exit_after_virtual_compile()
 
     gen = torch.Generator().manual_seed(0)
     gs = 0.0137

@@ -70,6 +70,7 @@ sweeps; figures in docs/dev/kernels.md). Shapes not listed (the 31B ones, and
 the others where nothing won) keep the original kernels. Left out although
 measured faster: the 270M o up to 8 rows with variant 4 (0.91x), whose launch
 through the op has not run on a GPU yet (variants 0, 2, 3 and 5 have)."""
+TUNED_ON = 90  # the compute capability SM90_TUNED was measured on (the H200)
 SM90_MAX_VARIANT = 8  # nvfp4_gemv_bulk.mojo: SM90_VARIANTS - 1
 _BULK_VARIANTS = (3, 4, 5, 6, 8)  # the bulk-copy rings: the ones with programmatic dependent launch
 
@@ -102,6 +103,8 @@ class MojoSM90Backend(NVFP4Backend):
         tuned = SM90_TUNED.get((config.n, config.k))
         if tuned is None:
             return (), "original kernels (no variant measured faster for this shape)"
+        if config.cuda_capability != TUNED_ON:
+            return (), f"original kernels (the table was measured on sm_{TUNED_ON}, device is {config.device_arch})"
         narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
         source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}; M>8: {_named(wide)})"
         for variant, kw in (narrow, wide):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.bench_modules import bench_module
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_load_only_fit_recovers_stream_and_fixed_cost() -> None:
@@ -60,3 +64,21 @@ def test_range_choice_adopts_only_what_is_faster_at_every_row_count() -> None:
     lines = rc.choices_table(list(choices.values()), {(64, 128): "tiny"})
     assert "| tiny 64x128 | M 1-8 | 10.00 / 10.00 / 10.00 / 10.00 | gv0 (10) |" in lines[2]
     assert lines[3].endswith("| 0.97 | no |")
+
+
+def test_sm90_tuned_is_what_the_stored_sweeps_justify() -> None:
+    """The shipped table is the one range_choice.py derives from the two
+    stored H200 sweeps, among the variants whose launch has run on a GPU: an
+    entry edited by hand, or a sweep replaced without the table, fails here."""
+    from dataclasses import asdict
+
+    from attnquant.graph.nvfp4 import sm90
+
+    rc, sweep = bench_module("range_choice"), bench_module("kernels_h200")
+    results = ROOT / "bench" / "results"
+    sweeps = [rc.read_sweep(results / f"2026-12-04-h200-run30-kernels-{s}.jsonl.gz") for s in "ab"]
+    choices = rc.range_choices(sweeps, sweep.tunable_variants())
+    shipped = {shape: {r: v for r, v in asdict(t).items() if v} for shape, t in sm90.SM90_TUNED.items()}
+    assert rc.tuned_entries(choices, sm90.SM90_GPU_CHECKED) == shipped
+    # what the check leaves out is only what SM90_TUNED's docstring names
+    assert rc.tuned_entries(choices) == shipped | {(640, 1024): {"narrow": (4, 8), "wide": (3, 8)}}

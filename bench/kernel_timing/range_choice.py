@@ -13,6 +13,7 @@ configuration differ by up to 4 %). Pure Python: tested on CPU
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import sys
@@ -73,14 +74,21 @@ def range_choices(sweeps: list[list[dict]], op_variants: dict[str, int]) -> list
     return out
 
 
-def tuned_entries(choices: list[dict]) -> dict[tuple[int, int], dict[str, tuple[int, int]]]:
-    """(N, K) -> {"narrow": (variant, kw), "wide": ...} for the adopted choices:
-    the content of ``SM90_TUNED``."""
+def tuned_entries(choices: list[dict], checked: frozenset[int] | None = None) -> dict[tuple[int, int], dict[str, tuple[int, int]]]:
+    """(N, K) -> {"narrow": (variant, kw), "wide": ...} for the adopted choices
+    whose op variant is in ``checked`` (None: any): the content of ``SM90_TUNED``."""
     table: dict[tuple[int, int], dict[str, tuple[int, int]]] = {}
     for c in choices:
-        if c["entry"]:
+        if c["entry"] and (checked is None or c["entry"][0] in checked):
             table.setdefault((c["n"], c["k"]), {})[c["range"]] = c["entry"]
     return table
+
+
+def read_sweep(path: str | Path) -> list[dict]:
+    """A sweep's timed rows from its .jsonl or .jsonl.gz."""
+    path = Path(path)
+    raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
 
 
 def choices_table(choices: list[dict], names: dict[tuple[int, int], str]) -> list[str]:
@@ -101,18 +109,22 @@ def choices_table(choices: list[dict], names: dict[tuple[int, int], str]) -> lis
     return lines
 
 
-def main(paths: list[str]) -> None:
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("sweeps", nargs="+", help="kernels_h200.py --ranges output: kernels.jsonl or .jsonl.gz")
+    args = ap.parse_args(argv)
     from kernels_h200 import NAMES, tunable_variants  # this folder; imports torch
 
-    def lines(path: str) -> list[str]:
-        raw = gzip.open(path, "rt").read() if path.endswith(".gz") else Path(path).read_text()
-        return [line for line in raw.splitlines() if line.strip()]
+    from attnquant.graph.nvfp4.sm90 import SM90_GPU_CHECKED
 
-    sweeps = [[json.loads(line) for line in lines(p)] for p in paths]
+    sweeps = [read_sweep(p) for p in args.sweeps]
     choices = range_choices(sweeps, tunable_variants())
     print(f"{len(sweeps)} sweep(s); adopted: at most {NOISE:.2f}x the original's time at every M of the range in each")
     print("\n".join(choices_table(choices, NAMES)))
-    print(f"SM90_TUNED entries these timings justify: {tuned_entries(choices)}")
+    print(f"SM90_TUNED entries these timings justify: {tuned_entries(choices, SM90_GPU_CHECKED)}")
+    unchecked = {c["entry"] for c in choices if c["entry"] and c["entry"][0] not in SM90_GPU_CHECKED}
+    if unchecked:
+        print(f"Also faster, with op variants not yet run through the op on a GPU (SM90_GPU_CHECKED): {sorted(unchecked)}")
 
 
 if __name__ == "__main__":

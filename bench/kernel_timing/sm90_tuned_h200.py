@@ -10,7 +10,9 @@ against float64 on fresh inputs, output and weights drawn anew per shape.
 On the H200, after staging MAX (../shared/device/README.md):
     python3 bench/kernel_timing/sm90_tuned_h200.py
 Here, without a GPU, ``--compile-only`` compiles the graph for a virtual
-sm_90a. Prints one line per (shape, M) and exits non-zero if any relative
+sm_90a. ``--also 640x1024:narrow=4:8`` checks a kernel the table does not
+name yet (a candidate whose op variant is not in ``SM90_GPU_CHECKED``) at its
+shape and range, beside the table's. Prints one line per (shape, M) and exits non-zero if any relative
 error exceeds 1e-2 (the kernels' own is ~1.7e-3).
 """
 
@@ -32,9 +34,25 @@ MS = (1, 2, 3, 8, 9, 12, 16)
 TOLERANCE = 1e-2
 
 
+def parse_also(text: str) -> tuple[tuple[int, int], str, tuple[int, int]]:
+    """``640x1024:narrow=4:8`` -> ((640, 1024), "narrow", (4, 8))."""
+    try:
+        shape, rest = text.split(":", 1)
+        kernel_range, choice = rest.split("=")
+        n, k = (int(v) for v in shape.split("x"))
+        variant, kw = (int(v) for v in choice.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NxK:RANGE=VARIANT:KW, e.g. 640x1024:narrow=4:8") from None
+    if kernel_range not in ("narrow", "wide"):
+        raise argparse.ArgumentTypeError(f"{text!r}: RANGE is narrow (M<=8) or wide (M>8), got {kernel_range!r}")
+    return (n, k), kernel_range, (variant, kw)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compile-only", action="store_true", help="compile for a virtual sm_90a, no GPU")
+    ap.add_argument("--also", nargs="*", default=[], type=parse_also, metavar="NxK:RANGE=V:KW",
+                    help="also check variant V with kw KW for RANGE (narrow: M<=8, wide: M>8) of shape [N, K]")
     args = ap.parse_args()
 
     from max import driver
@@ -50,7 +68,7 @@ def main() -> int:
     from max.experimental.tensor import Tensor
 
     from attnquant.graph import nvfp4 as K
-    from attnquant.graph.nvfp4.sm90 import SM90_TUNED
+    from attnquant.graph.nvfp4.sm90 import SM90_TUNED, SM90Tuned
     from attnquant.graph.ops import custom_extensions_path
     from attnquant.max_compat import exit_after_virtual_compile
     from kernels.sm90_layout import prepare_weights
@@ -58,6 +76,8 @@ def main() -> int:
     gpu, cpu = driver.Accelerator(), driver.CPU()
     session = InferenceSession(devices=[cpu, gpu])
     backend = K.backend_named("mojo-sm90")
+    for (n, k), kernel_range, choice in args.also:  # this process's table only
+        SM90_TUNED[(n, k)] = dataclasses.replace(SM90_TUNED.get((n, k), SM90Tuned()), **{kernel_range: choice})
     configs = []
     for n, k in SM90_TUNED:
         config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)

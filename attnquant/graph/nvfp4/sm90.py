@@ -67,9 +67,14 @@ took at most 0.96x the original kernel's time at every M of its range in each
 of two sweeps on the H200 (``bench/kernel_timing/kernels_h200.py --ranges``;
 ``bench/kernel_timing/range_choice.py`` prints this table from the stored
 sweeps; figures in docs/dev/kernels.md). Shapes not listed (the 31B ones, and
-the others where nothing won) keep the original kernels. Left out although
-measured faster: the 270M o up to 8 rows with variant 4 (0.91x), whose launch
-through the op has not run on a GPU yet (variants 0, 2, 3 and 5 have)."""
+the others where nothing won) keep the original kernels. Entries name only
+``SM90_GPU_CHECKED`` variants: the 270M o up to 8 rows, measured faster with
+variant 4 (0.91x), is left out until that variant's launch has run."""
+SM90_GPU_CHECKED = frozenset({0, 1, 2, 3, 5})
+"""The op variants whose launch through the op has run on an H200 and matched
+float64 (bench/kernel_timing/sm90_tuned_h200.py; 0 and 1 are the original
+kernels every served model runs). tests/test_kernel_sweep.py checks that
+``SM90_TUNED`` is what the stored sweeps justify among these."""
 TUNED_ON = 90  # the compute capability SM90_TUNED was measured on (the H200)
 SM90_MAX_VARIANT = 8  # nvfp4_gemv_bulk.mojo: SM90_VARIANTS - 1
 _BULK_VARIANTS = (3, 4, 5, 6, 8)  # the bulk-copy rings: the ones with programmatic dependent launch

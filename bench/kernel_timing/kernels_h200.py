@@ -86,13 +86,12 @@ SHAPES_4B = [(4096, 2560), (2560, 2048), (20480, 2560), (2560, 10240)]
 SHAPES_270M = [(1536, 640), (640, 1024), (4096, 640), (640, 2048)]
 SHAPES_12B = [(8192, 3840), (3840, 4096), (30720, 3840), (3840, 15360)]
 SHAPES_27B = [(8192, 5376), (5376, 4096)]
+ROLES = ("q|k|v", "o", "gate|up", "down")  # each SHAPES_* list is in this order
 NAMES = {
-    (16384, 5376): "31B q|k|v", (5376, 8192): "31B o", (43008, 5376): "31B gate|up", (5376, 21504): "31B down",
-    (1536, 1152): "1B q|k|v", (1152, 1024): "1B o", (13824, 1152): "1B gate|up", (1152, 6912): "1B down",
-    (4096, 2560): "4B q|k|v", (2560, 2048): "4B o", (20480, 2560): "4B gate|up", (2560, 10240): "4B down",
-    (1536, 640): "270M q|k|v", (640, 1024): "270M o", (4096, 640): "270M gate|up", (640, 2048): "270M down",
-    (8192, 3840): "12B q|k|v", (3840, 4096): "12B o", (30720, 3840): "12B gate|up", (3840, 15360): "12B down",
-    (8192, 5376): "27B q|k|v", (5376, 4096): "27B o",
+    shape: f"{size} {role}"
+    for size, shapes in (("31B", SHAPES_31B), ("1B", SHAPES_1B), ("4B", SHAPES_4B), ("270M", SHAPES_270M),
+                         ("12B", SHAPES_12B), ("27B", SHAPES_27B))
+    for shape, role in zip(shapes, ROLES)
 }  # fmt: skip
 # MAX 26.7 bf16 matmul on this H200 (docs/dev/kernels.md, 2026-11-29): (N, K, M) -> us.
 MAX_BF16_US = {
@@ -765,12 +764,10 @@ def main() -> None:
                   seconds=time.time() - budget.t0)
     (args.out / "kernels_h200.json").write_text(json.dumps(result, indent=1))
     print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log)
-    if args.ranges:
-        log("\n== one kernel per range of M (adopted: at most "
-            f"{range_choice.NOISE:.2f}x the original's time at every M of the range)")
-        for line in range_choice.choices_table(choices, NAMES):
+    if args.ranges:  # every op variant: SM90_GPU_CHECKED needs MAX, which a sweep runs without
+        log("\n== one kernel per range of M")
+        for line in range_choice.report(choices, NAMES, 1):
             log(line)
-        log(f"SM90_TUNED entries these timings justify: {range_choice.tuned_entries(choices)}")
 
 
 def load_only_fit(rows: list[dict], m: int = 1) -> tuple[float, float, int] | None:

@@ -84,6 +84,20 @@ def tuned_entries(choices: list[dict], checked: frozenset[int] | None = None) ->
     return table
 
 
+def report(choices: list[dict], names: dict[tuple[int, int], str], sweeps: int,
+           checked: frozenset[int] | None = None) -> list[str]:
+    """What a sweep or the CLI prints: the rule, the table, the entries the
+    timings justify among ``checked`` op variants (None: any), and the
+    faster candidates of the others."""
+    lines = [f"{sweeps} sweep(s); adopted: at most {NOISE:.2f}x the original's time at every M of the range in each"]
+    lines += choices_table(choices, names)
+    lines.append(f"SM90_TUNED entries these timings justify: {tuned_entries(choices, checked)}")
+    unchecked = sorted({c["entry"] for c in choices if c["entry"] and checked is not None and c["entry"][0] not in checked})
+    if unchecked:
+        lines.append(f"Also faster, with op variants not yet run through the op on a GPU (SM90_GPU_CHECKED): {unchecked}")
+    return lines
+
+
 def read_sweep(path: str | Path) -> list[dict]:
     """A sweep's timed rows from its .jsonl or .jsonl.gz."""
     path = Path(path)
@@ -118,13 +132,7 @@ def main(argv: list[str]) -> None:
     from attnquant.graph.nvfp4.sm90 import SM90_GPU_CHECKED
 
     sweeps = [read_sweep(p) for p in args.sweeps]
-    choices = range_choices(sweeps, tunable_variants())
-    print(f"{len(sweeps)} sweep(s); adopted: at most {NOISE:.2f}x the original's time at every M of the range in each")
-    print("\n".join(choices_table(choices, NAMES)))
-    print(f"SM90_TUNED entries these timings justify: {tuned_entries(choices, SM90_GPU_CHECKED)}")
-    unchecked = {c["entry"] for c in choices if c["entry"] and c["entry"][0] not in SM90_GPU_CHECKED}
-    if unchecked:
-        print(f"Also faster, with op variants not yet run through the op on a GPU (SM90_GPU_CHECKED): {sorted(unchecked)}")
+    print("\n".join(report(range_choices(sweeps, tunable_variants()), NAMES, len(sweeps), SM90_GPU_CHECKED)))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ class SM90Tuned:
     narrow: tuple[int, int] | None = None
     wide: tuple[int, int] | None = None
 
+    def kernels(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(variant, kw) for M <= 8 and for M > 8, the original kernels
+        (kw 0: picked) where a range was not measured faster."""
+        return self.narrow or (0, 0), self.wide or (1, 0)
+
 
 SM90_TUNED: dict[tuple[int, int], SM90Tuned] = {
     # Gemma 3 270M: q|k|v, o, gate|up, down
@@ -110,7 +115,7 @@ class MojoSM90Backend(NVFP4Backend):
             return (), "original kernels (no variant measured faster for this shape)"
         if config.cuda_capability != TUNED_ON:
             return (), f"original kernels (the table was measured on sm_{TUNED_ON}, device is {config.device_arch})"
-        narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
+        narrow, wide = tuned.kernels()
         source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}; M>8: {_named(wide)})"
         for variant, kw in (narrow, wide):
             problem = _fast_variant_problem({"variant": variant, "kw": kw, "splitk": 1, "pdl": 0}, config)

@@ -42,7 +42,8 @@
 #      each (--image);
 #   "tuned" (after padding): the GEMV kernels SM90_TUNED picks per shape and range of M
 #      against the original kernels everywhere (ATTNQUANT_SM90_VARIANT=-1), ours NVFP4 +
-#      capture at the 1B geometry, c=1 and c=16 (where the table's kernels for 9-16 rows act);
+#      capture at the 1B geometry, c=1 and c=16 (where the table's kernels for 9-16 rows act),
+#      beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
 #      candidates beside them, e.g. "640x1024:narrow=4:8");
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
@@ -143,12 +144,15 @@ big() {  # 27B: each text+vision server plans 15 GiB for the vision tower
     --out "$WORK/g3-27b-export-bench/results.jsonl" > "$WORK/big-27b-export.txt" 2>&1
 }
 
-tuned() {  # two 1B servers, one compile each (~9 minutes side by side), then c=1 and c=16
-  # Meanwhile every table entry (and TUNED_ALSO's candidates) through MAX against float64.
+tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
+  # Ours bf16 + capture is the bar NVFP4 + capture must pass at 1B; SM90_CELL adds a forced
+  # variant (e.g. 3:8:1:1, PDL). Meanwhile every table entry (and TUNED_ALSO's candidates)
+  # through MAX against float64.
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1${MM}=8" \
+    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1${MM}=8" \
+    ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"} \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
   wait

@@ -147,9 +147,9 @@ def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) ->
 
 def test_tuned_phase_sets_the_table_against_the_original_kernels_at_1_and_16(tmp_path: Path) -> None:
     """Beside the servers, every entry (and TUNED_ALSO's candidate) is checked through MAX."""
-    progress, calls = _run_with_stubs(tmp_path, "tuned", TUNED_ALSO="640x1024:narrow=4:8", SM90_CELL="3:8:1:1")
+    progress, calls = _run_with_stubs(tmp_path, "tuned", TUNED_ALSO="640x1024:wide=2:8", SM90_CELL="3:8:1:1")
     check = next(c for c in calls if "sm90_tuned_h200.py" in c)
-    assert check.split("sm90_tuned_h200.py ")[1].startswith("--also 640x1024:narrow=4:8")
+    assert check.split("sm90_tuned_h200.py ")[1].startswith("--also 640x1024:wide=2:8")
     assert progress.index("checkpoints") < progress.index("tuned") < progress.index("tuned done")
     tuned = next(c for c in calls if "serve_benchmark.py" in c)
     assert "--concurrency 1 16" in tuned and "--max-batch-size 16" in tuned and "g3-1b" in tuned

@@ -45,7 +45,7 @@
 #      capture at the 1B geometry, c=1 and c=16 (where the table's kernels for 9-16 rows act),
 #      beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
-#      candidates beside them, e.g. "640x1024:narrow=4:8");
+#      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).

@@ -10,9 +10,9 @@ against float64 on fresh inputs, output and weights drawn anew per shape.
 On the H200, after staging MAX (../shared/device/README.md):
     python3 bench/kernel_timing/sm90_tuned_h200.py
 Here, without a GPU, ``--compile-only`` compiles the graph for a virtual
-sm_90a. ``--also 640x1024:narrow=4:8`` checks a kernel the table does not
-name yet (a candidate whose op variant is not in ``SM90_GPU_CHECKED``) at its
-shape and range, beside the table's. Prints one line per (shape, M) and exits non-zero if any relative
+sm_90a. ``--also 640x1024:wide=2:8`` checks a kernel the table does not
+name (a candidate whose op variant is not in ``SM90_GPU_CHECKED`` yet) at its
+shape and range, in place of the table's there. Prints one line per (shape, M) and exits non-zero if any relative
 error exceeds 1e-2 (the kernels' own is ~1.7e-3).
 """
 

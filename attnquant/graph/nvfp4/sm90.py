@@ -52,7 +52,7 @@ class SM90Tuned:
 SM90_TUNED: dict[tuple[int, int], SM90Tuned] = {
     # Gemma 3 270M: q|k|v, o, gate|up, down
     (1536, 640): SM90Tuned(wide=(0, 10)),
-    (640, 1024): SM90Tuned(wide=(3, 8)),
+    (640, 1024): SM90Tuned(narrow=(4, 8), wide=(3, 8)),
     (4096, 640): SM90Tuned(wide=(2, 10)),
     (640, 2048): SM90Tuned(wide=(0, 16)),
     # Gemma 3 1B: q|k|v, o, down
@@ -73,9 +73,8 @@ of two sweeps on the H200 (``bench/kernel_timing/kernels_h200.py --ranges``;
 ``bench/kernel_timing/range_choice.py`` prints this table from the stored
 sweeps; figures in docs/dev/kernels.md). Shapes not listed (the 31B ones, and
 the others where nothing won) keep the original kernels. Entries name only
-``SM90_GPU_CHECKED`` variants: the 270M o up to 8 rows, measured faster with
-variant 4 (0.91x), is left out until that variant's launch has run."""
-SM90_GPU_CHECKED = frozenset({0, 1, 2, 3, 5})
+``SM90_GPU_CHECKED`` variants."""
+SM90_GPU_CHECKED = frozenset({0, 1, 2, 3, 4, 5})
 """The op variants whose launch through the op has run on an H200 and matched
 float64 (bench/kernel_timing/sm90_tuned_h200.py; 0 and 1 are the original
 kernels every served model runs). tests/test_kernel_sweep.py checks that

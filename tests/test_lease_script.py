@@ -1,6 +1,7 @@
-"""The H200 lease script: its Python calls use only options their scripts
-accept, and its phases run in the order and with the prompts they should
-(the script run with stub commands).
+"""The H200 lease script: its Python calls (and those of the decode
+experiment's h200_session.sh) use only options their scripts accept, and its
+phases run in the order and with the prompts they should (the script run with
+stub commands).
 
 A lease is the one chance a session has to run these commands, and an option
 a script no longer takes ends that phase at its first line (argparse exits
@@ -20,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LEASE = ROOT / "bench" / "harness" / "h200_lease.sh"
+SESSION = LEASE.parent / "h200_session.sh"  # the decode experiment's script, same rules
 HERE = LEASE.parent
 
 # Where a command's own arguments end (redirections, pipes, the next command).
@@ -64,7 +66,7 @@ def test_a_removed_option_is_caught() -> None:
     assert calls[0][0][-1].endswith("bench/checkpoints/make_random_gemma3.py")
 
 
-@pytest.mark.parametrize("command, options", python_calls(LEASE.read_text()),
+@pytest.mark.parametrize("command, options", python_calls(LEASE.read_text()) + python_calls(SESSION.read_text()),
                          ids=lambda v: Path(v[-1]).name if isinstance(v, list) and v and v[0] == sys.executable else "")
 def test_every_option_is_accepted(command: list[str], options: list[str]) -> None:
     assert Path(command[1]).exists() or command[1] == "-m", command
@@ -158,6 +160,20 @@ def test_tuned_phase_sets_the_table_against_the_original_kernels_at_1_and_16(tmp
         "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
     ]
+
+
+def test_g4tpot_times_the_31b_geometry_against_ours_bf16_uncaptured_at_one_request(tmp_path: Path) -> None:
+    """The 31B TPOT target's comparison: 30 layers, one session, c=1; the forced
+    variant beside it; every arena together fits the card (~139 GiB)."""
+    progress, calls = _run_with_stubs(tmp_path, "g4tpot", SM90_CELL="3:8:1:1")
+    assert progress == ["g4tpot", "g4tpot done", "all done"]  # no 1B checkpoints written for it
+    assert "make_random_gemma4.py" in calls[0] and calls[0].split("--layers ")[1].startswith("30")
+    bench = next(c for c in calls if "serve_benchmark.py" in c)
+    assert "--concurrency 1 " in bench and "--sessions 1" in bench and "g4-tpot" in bench
+    cells = bench.split("--cells ")[1].split(" --")[0].split()
+    assert [c.split("+ARENA_GIB")[0] for c in cells] == [
+        "attnquant-nvfp4:on", "attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1"]
+    assert sum(int(c.split("+ARENA_GIB=")[1]) for c in cells) <= 130
 
 
 def test_cachecheck_times_the_carried_cache_then_a_cold_one_before_anything_else(tmp_path: Path) -> None:

@@ -46,16 +46,19 @@
 #      beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
 #      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
+#   "g4tpot": Gemma 4 at the 31B geometry (G4_TPOT_LAYERS, 30: the layers its TPOT has
+#      always been timed at), ours NVFP4 + capture against ours bf16 without capture
+#      (MAX's own Gemma 4 does not compile on sm_90), c=1 (and SM90_CELL's forced variant);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
 # MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.
-# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), PADDING_OFF (set: padding off cell), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -158,6 +161,15 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   wait
 }
 
+g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf16 45.2 (30 layers)
+  python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 \
+    --cells "attnquant-nvfp4:on+ARENA_GIB=35" "attnquant-bf16:off+ARENA_GIB=53" \
+    ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL+ARENA_GIB=35"} \
+    --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
+    --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
+}
+
 big4b() {  # 24 + 28 GiB
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
@@ -207,6 +219,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   if wants big; then
     ( wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big"; big; say "big done" ) &
   fi
+  if wants g4tpot; then ( say "g4tpot"; g4tpot; say "g4tpot done" ) & fi
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds
     ( timeout 1500 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
@@ -228,7 +241,8 @@ collect() {  # at most 8 files come back
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned-check.txt" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
   cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
-  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl > "$OUT/big.txt" 2>/dev/null
+  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl "$WORK/g4-tpot.txt" \
+    "$WORK/g4-tpot/results.jsonl" > "$OUT/big.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
       grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -30

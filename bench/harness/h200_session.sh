@@ -139,7 +139,7 @@ run_gemma4() {  # alone, or after run on the same machine: shares the lock
   timeout 240 python3 "$HERE/../checks/prepare_device_check.py" "$WORK/g4-model" --layers 2 > "$WORK/prepare-device.txt" 2>&1
   case "$G4_CELLS" in *-mtp3*)  # a random assistant, and the target under the name MAX pairs with it
     python3 "$HERE/../checkpoints/make_random_gemma4_assistant.py" "$WORK/g4-model" "$WORK/g4-assistant" \
-      --mtp-target "$WORK/g4-mtp" --device cuda:0 2>&1 | tail -2
+      --mtp-target "$WORK/g4-mtp" 2>&1 | tail -2
     DRAFT_ARGS="--draft-model $WORK/g4-assistant --mtp-target $WORK/g4-mtp" ;;
   esac
   # shellcheck disable=SC2086

@@ -163,16 +163,16 @@ def test_tuned_phase_sets_the_table_against_the_original_kernels_at_1_and_16(tmp
 
 
 def test_g4tpot_times_the_31b_geometry_against_ours_bf16_uncaptured_at_one_request(tmp_path: Path) -> None:
-    """The 31B TPOT target's comparison: 30 layers, one session, c=1; the forced
-    variant beside it; every arena together fits the card (~139 GiB)."""
-    progress, calls = _run_with_stubs(tmp_path, "g4tpot", SM90_CELL="3:8:1:1")
+    """The 31B TPOT target's comparison: 30 layers, one session, c=1; the NVFP4
+    head beside it; every arena together fits the card (~139 GiB)."""
+    progress, calls = _run_with_stubs(tmp_path, "g4tpot")
     assert progress == ["g4tpot", "g4tpot done", "all done"]  # no 1B checkpoints written for it
     assert "make_random_gemma4.py" in calls[0] and calls[0].split("--layers ")[1].startswith("30")
     bench = next(c for c in calls if "serve_benchmark.py" in c)
     assert "--concurrency 1 " in bench and "--sessions 1" in bench and "g4-tpot" in bench
     cells = bench.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+ARENA_GIB")[0] for c in cells] == [
-        "attnquant-nvfp4:on", "attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1"]
+        "attnquant-nvfp4:on", "attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4"]
     assert sum(int(c.split("+ARENA_GIB=")[1]) for c in cells) <= 130
 
 

@@ -48,7 +48,8 @@
 #      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
 #   "g4tpot": Gemma 4 at the 31B geometry (G4_TPOT_LAYERS, 30: the layers its TPOT has
 #      always been timed at), ours NVFP4 + capture against ours bf16 without capture
-#      (MAX's own Gemma 4 does not compile on sm_90), c=1 (and SM90_CELL's forced variant);
+#      (MAX's own Gemma 4 does not compile on sm_90), and with the NVFP4 output head
+#      (the bf16 head is ~2.8 GB of the ~13 read per token), c=1;
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -165,7 +166,7 @@ g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf1
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=35" "attnquant-bf16:off+ARENA_GIB=53" \
-    ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL+ARENA_GIB=35"} \
+    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" \
     --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }

@@ -237,7 +237,7 @@ def test_every_measured_entry_runs_on_sm90a() -> None:
     assert sm90.SM90_TUNED
     for (n, k), tuned in sm90.SM90_TUNED.items():
         params, reason = K.MojoSM90Backend.kernel_parameters(layer(n, k))
-        narrow, wide = tuned.narrow or (0, 0), tuned.wide or (1, 0)
+        narrow, wide = tuned.kernels()
         assert dict(params) | {"splitk": 0} == {"variant": narrow[0], "kw": narrow[1], "splitk": 0,
                                                 "wide_variant": wide[0], "wide_kw": wide[1]}, ((n, k), params)
         assert "measured fastest" in reason and "not taken" not in reason, reason

@@ -76,6 +76,8 @@ export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHON
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
 MM="+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"  # a cell's own arena
+# SM90_CELL's forced-variant cell at the 1B geometry (padding and tuned phases); none if unset
+FORCED_1B=(${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"})
 
 say() { echo "$(date +%T) $*" | tee -a "$WORK/progress.log"; }
 wait_for() {  # wait_for FILE TEXT [SECONDS]: until FILE holds TEXT (at most SECONDS, 900)
@@ -156,7 +158,7 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
     --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1${MM}=8" \
-    ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"} \
+    "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
   wait
@@ -196,7 +198,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
         --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4${MM}=8" ${PADDING_OFF:+"attnquant-bf16:on+ATTNQUANT_ROW_PADDING=0${MM}=8"} \
-        ${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"} \
+        "${FORCED_1B[@]}" \
         --memory-fraction 0.5 --port-base 8400 --gpu-lock "$LOCK" --out "$WORK/padding/results.jsonl" \
         > "$WORK/padding.txt" 2>&1
       say "padding done"

@@ -32,6 +32,22 @@ def test_other_cells_serve_the_model_without_a_drafter() -> None:
     assert harness.speculative_args(cell, _args()) == []
 
 
+def test_flag_items_reach_the_command_line_and_tell_capture_twins_apart(monkeypatch) -> None:
+    harness = bench_module("serve_benchmark")
+    cell = harness.Cell.parse("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+--no-use-subgraphs")
+    assert cell.env == {"ATTNQUANT_LM_HEAD": "nvfp4"} and cell.flags == ("--no-use-subgraphs",)
+    launched: list[list[str]] = []
+    monkeypatch.setattr(harness.subprocess, "Popen", lambda command, **_: launched.append(command))
+    args = _args(max_batch_size=16, memory_fraction=0.9, threads=2)
+    harness._start_server(cell, args, 8000, Path("/dev/null"))
+    assert launched[0][-1] == "--no-use-subgraphs" and "--device-graph-capture" in launched[0]
+    off = harness.Cell.parse("attnquant-nvfp4:off+ATTNQUANT_LM_HEAD=nvfp4")
+    assert harness.capture_twin(cell, [off]) is None  # same settings, one flag more: not its twin
+    assert harness.capture_twin(off, [harness.Cell.parse("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4")]) is not None
+    with pytest.raises(SystemExit, match="FLAG"):
+        harness.Cell.parse("attnquant-nvfp4:on+no-equals-sign")
+
+
 def test_greedy_note_names_the_tokens_behind_an_empty_text() -> None:
     greedy = bench_module("serve_benchmark").Greedy
     assert greedy("w1 w2", [5, 6], "length").note() == ""

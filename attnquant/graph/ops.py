@@ -14,6 +14,8 @@ from max.graph import DeviceRef, Dim, Graph, TensorType
 from kernels import OPS_PATH
 
 _GRAPHS_WITH_OPS: weakref.WeakSet[Graph] = weakref.WeakSet()
+_built_packages: set[Path] = set()
+"""The kernel-library paths importing ``OPS_PATH`` added (its built package)."""
 
 
 def custom_extensions_path() -> Path:
@@ -21,19 +23,25 @@ def custom_extensions_path() -> Path:
     return OPS_PATH
 
 
-def _ops_for_current_graph() -> Path | None:
-    """The ops package the first time the graph being built asks, then None.
+def import_ops(graph: Graph) -> None:
+    """Makes the attnquant ops callable in ``graph``; the package is imported
+    once per graph.
 
-    Importing a Mojo *source* package into a graph re-runs ``mojo precompile``
-    (seconds) on every import, and a model has one call per projection group:
-    loading it once per graph takes a 270M model's graph build from minutes to
-    seconds on 2 cores.
+    Importing a Mojo *source* package re-runs ``mojo precompile`` (seconds)
+    each time, and a model has one call per projection group: once per graph
+    takes a 270M model's graph build from minutes to seconds on 2 cores.
+    Import into the enclosing graph before tracing a subgraph that calls the
+    ops: MAX 26.7 compiles custom ops only from the root graph's libraries
+    (an import made inside a subgraph alone fails the compile with "'mo.custom'
+    op currently not supported"), and a subgraph starts with its parent's.
     """
-    graph = Graph.current
     if graph in _GRAPHS_WITH_OPS:
-        return None
+        return
+    libraries = set(graph.kernel_libraries_paths)
+    if not (_built_packages and _built_packages <= libraries):
+        graph._import_kernels([OPS_PATH])  # as F.custom(custom_extensions=...) does
+        _built_packages.update(set(graph.kernel_libraries_paths) - libraries)
     _GRAPHS_WITH_OPS.add(graph)
-    return custom_extensions_path()
 
 
 def custom_op(
@@ -46,11 +54,11 @@ def custom_op(
 ) -> Tensor:
     """The single output of op ``name`` on ``device_of``'s device (``parameters``:
     the op's compile-time parameters)."""
+    import_ops(Graph.current)
     out = TensorType(dtype, list(shape), DeviceRef.from_device(device_of.device))
     (y,) = F.custom(
-        name, device_of.device, list(operands), [out], parameters=dict(parameters) if parameters else None,
-        custom_extensions=_ops_for_current_graph(),
-    )  # fmt: skip
+        name, device_of.device, list(operands), [out], parameters=dict(parameters) if parameters else None
+    )
     return y
 
 

@@ -21,10 +21,11 @@ vision model's vision tower runs) and prints MAX's answer or its refusal.
 exclusive lock on FILE while it measures a cell, so measurements never overlap
 (servers of the other harness may still be compiling or loading meanwhile).
 
-A cell is ``VARIANT:on|off[+ENV=VALUE...]``: the capture flag is always passed
-explicitly (``--device-graph-capture`` / ``--no-device-graph-capture``), and
-``+ENV=VALUE`` items add environment variables (e.g.
-``attnquant-bf16:off+ATTNQUANT_BLOCKS=13``). A cell whose server fails to
+A cell is ``VARIANT:on|off[+ENV=VALUE...][+--FLAG...]``: the capture flag is
+always passed explicitly (``--device-graph-capture`` /
+``--no-device-graph-capture``), ``+ENV=VALUE`` items add environment variables
+(e.g. ``attnquant-bf16:off+ATTNQUANT_BLOCKS=13``) and ``+--FLAG`` items add a
+value-less flag to the server's command line (e.g. ``+--no-use-subgraphs``). A cell whose server fails to
 start is reported with the tail of its log; the others go on.
 
 Variants:
@@ -91,15 +92,19 @@ class Cell:
     variant: str
     capture: bool
     env: dict[str, str] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
 
     @classmethod
     def parse(cls, spec: str) -> Cell:
         head, *extra = spec.split("+")
         variant, _, capture = head.partition(":")
-        if variant not in VARIANTS or capture not in ("on", "off"):
-            raise SystemExit(f"bad cell {spec!r}: want VARIANT:on|off[+ENV=VALUE...], VARIANT in {sorted(VARIANTS)}")
-        env = dict(item.split("=", 1) for item in extra)
-        return cls(spec, variant, capture == "on", env)
+        flags = tuple(item for item in extra if item.startswith("--"))
+        settings = [item for item in extra if not item.startswith("--")]
+        if variant not in VARIANTS or capture not in ("on", "off") or not all("=" in item for item in settings):
+            raise SystemExit(
+                f"bad cell {spec!r}: want VARIANT:on|off[+ENV=VALUE...][+--FLAG...], VARIANT in {sorted(VARIANTS)}"
+            )
+        return cls(spec, variant, capture == "on", dict(item.split("=", 1) for item in settings), flags)
 
     @property
     def drafted_tokens(self) -> int:
@@ -192,7 +197,7 @@ def _start_server(cell: Cell, args: argparse.Namespace, port: int, log: Path) ->
         "--max-length", "2048", "--max-batch-size", str(args.max_batch_size), "--enable-in-flight-batching",
         "--device-memory-utilization", str(args.memory_fraction),
         "--device-graph-capture" if cell.capture else "--no-device-graph-capture",
-        *speculative_args(cell, args),
+        *speculative_args(cell, args), *cell.flags,
     ]  # fmt: skip
     return subprocess.Popen(
         # Host threads per server: several servers on one host each sizing
@@ -422,7 +427,7 @@ def capture_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
     """The cell that differs from ``cell`` only in capture (and memory placement)."""
 
     def computes(c: Cell) -> tuple:
-        return c.variant, sorted((k, v) for k, v in c.env.items() if k not in PLACEMENT_ENV)
+        return c.variant, sorted((k, v) for k, v in c.env.items() if k not in PLACEMENT_ENV), c.flags
 
     return next((c for c in cells if c.capture != cell.capture and computes(c) == computes(cell)), None)
 

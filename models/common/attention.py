@@ -20,6 +20,23 @@ from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kv_cache import KVCacheParams
 
+from .layer_subgraphs import subgraph_inputs
+
+
+LayerValues = dict[str, Tensor]
+"""What differs inside attention between decoder layers of one kind, as graph
+values: ``cache_layer``, the layer's index in its KV-cache collection, and
+``freqs_cis``, its rotary table. A layer subgraph takes them as arguments."""
+
+
+def layer_values(rope: Module, index_in_cache: int) -> LayerValues:
+    """A layer's :data:`LayerValues`: those it was built with, or inside a
+    shared layer subgraph, the subgraph's arguments."""
+    shared = subgraph_inputs()
+    if shared is not None:
+        return shared
+    return {"cache_layer": F.constant(index_in_cache, DType.uint32, device=CPU()), "freqs_cis": rope.freqs_cis}
+
 
 def rope_store_attend(
     qkv: Tensor,
@@ -27,8 +44,8 @@ def rope_store_attend(
     kv_params: KVCacheParams,
     kv_collection: PagedCacheValues,
     input_row_offsets: Tensor,
-    rope: Module,
-    layer_idx_in_cache: int,
+    layer: LayerValues,
+    interleaved: bool,
     n_heads: int,
     head_dim: int,
     sliding_window: int | None,
@@ -36,18 +53,20 @@ def rope_store_attend(
 ) -> Tensor:
     """Attention over a fused [tokens, q|k|v] tensor; returns [tokens, n_heads * head_dim].
 
-    ``sliding_window`` None means full (causal) attention.
+    ``layer``: the attending layer's :func:`layer_values`; ``interleaved``: its
+    rotary embedding's layout (the same for every layer). ``sliding_window``
+    None means full (causal) attention.
     """
-    layer_idx = F.constant(layer_idx_in_cache, DType.uint32, device=CPU())
+    layer_idx = layer["cache_layer"]
     xq = rope_split_store_ragged(
         kv_params=kv_params,
         qkv=qkv,
         input_row_offsets=input_row_offsets,
-        freqs_cis=rope.freqs_cis,
+        freqs_cis=layer["freqs_cis"],
         kv_collection=kv_collection,
         layer_idx=layer_idx,
         n_heads=n_heads // kv_collection.n_devices,
-        interleaved=rope.interleaved,
+        interleaved=interleaved,
     ).rebind_mapping(qkv.mapping)
     xq = xq.reshape((-1, n_heads, head_dim))
     attn_out = flash_attention_ragged(

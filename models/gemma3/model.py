@@ -45,6 +45,7 @@ from attnquant.load.head import OutputHead
 from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from ..common.vision import IMAGES_NEED_A_GPU
@@ -68,32 +69,34 @@ def output_head(tied: bool) -> OutputHead:
 
 
 def use_projections(
-    text_model: Gemma3TextModel, plan: ProjectionPlan, *, text_config: Gemma3Config, head: OutputHead
+    text_model: Gemma3TextModel,
+    plan: ProjectionPlan,
+    *,
+    text_config: Gemma3Config,
+    head: OutputHead,
+    layer_subgraphs: bool,
 ) -> None:
     """Swaps every decoder layer's attention and MLP of MAX's ``Gemma3TextModel``
     for plan-built ones, and computes its output head through attnquant.
 
     ``plan`` is keyed by ``LANGUAGE_PREFIX`` names; ``text_config`` is the
-    one ``text_model`` was built from. Call it in the build context
-    (``F.lazy()``, dtype, device) that built ``text_model``.
+    one ``text_model`` was built from; ``layer_subgraphs``: layers of one
+    structure share a subgraph (MAX's ``--use-subgraphs``, on by default). Call it in the
+    build context (``F.lazy()``, dtype, device) that built ``text_model``.
     """
     scale = gemma3_attention_scale(text_config.query_pre_attn_scalar, text_config.head_dim)
     activation = text_config.hidden_activation
+    subgraphs = LayerSubgraphs("gemma3", enabled=layer_subgraphs)
     with shared_blocks():
         for i, block in enumerate(text_model.layers):
             layer = f"{LANGUAGE_PREFIX}layers.{i}"
-            block.self_attn = ProjectedGemma3Attention(
-                block.self_attn,
-                qkv=plan[f"{layer}.self_attn.qkv_proj"],
-                o=plan[f"{layer}.self_attn.o_proj"],
-                scale=scale,
-            )
-            block.mlp = build_mlp(
-                gate_up=plan[f"{layer}.mlp.gate_up_proj"],
-                down=plan[f"{layer}.mlp.down_proj"],
-                activation=activation,
-            )
+            groups = [plan[f"{layer}.{name}"] for name in LAYER_GROUPS]
+            qkv, o, gate_up, down = groups
+            block.self_attn = ProjectedGemma3Attention(block.self_attn, qkv=qkv, o=o, scale=scale)
+            block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
+            subgraphs.share(block, "sliding" if block.self_attn.is_sliding else "full", groups)
         use_output_head(text_model, plan[head.group])
+    subgraphs.log()
 
 
 class AttnQuantGemma3Model(Gemma3Model):
@@ -140,6 +143,7 @@ class AttnQuantGemma3Model(Gemma3Model):
                 model_config.projection_plan,
                 text_config=model_config,
                 head=output_head(model_config.tie_word_embeddings),
+                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
             )
         return module
 
@@ -236,6 +240,7 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
                 model_config.projection_plan,
                 text_config=model_config.text_config,
                 head=output_head(model_config.text_config.tie_word_embeddings),
+                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
             )
         assert isinstance(self._batch_processor, AttnQuantGemma3MultiModalBatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

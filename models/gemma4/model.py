@@ -33,6 +33,7 @@ from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
@@ -106,28 +107,29 @@ def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
     )
 
 
-def use_projections(text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str) -> None:
+def use_projections(
+    text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str, layer_subgraphs: bool
+) -> None:
     """Swaps every decoder layer's attention and MLP for plan-built ones.
 
     ``text_model`` is MAX's ``Gemma4TextModel`` (the ModuleV3 tower, or the
-    MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names.
-    Call it in the same build context (``F.lazy()``, dtype, device) that
-    built ``text_model``.
+    MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names;
+    ``layer_subgraphs``: layers of one structure share a subgraph
+    (MAX's ``--use-subgraphs``, on by default). Call it in the same build context
+    (``F.lazy()``, dtype, device) that built ``text_model``.
     """
+    subgraphs = LayerSubgraphs("gemma4", enabled=layer_subgraphs)
     with shared_blocks():
         for i, block in enumerate(text_model.layers):
             layer = f"{LANGUAGE_PREFIX}layers.{i}"
-            qkv = plan[f"{layer}.self_attn.qkv_proj"]
+            groups = [plan[f"{layer}.{name}"] for name in LAYER_GROUPS]
+            qkv, o, gate_up, down = groups
             check_qkv_widths(i, block.self_attn, qkv)
-            block.self_attn = ProjectedGemma4Attention(
-                block.self_attn, qkv=qkv, o=plan[f"{layer}.self_attn.o_proj"]
-            )
-            block.mlp = build_mlp(
-                gate_up=plan[f"{layer}.mlp.gate_up_proj"],
-                down=plan[f"{layer}.mlp.down_proj"],
-                activation=activation,
-            )
+            block.self_attn = ProjectedGemma4Attention(block.self_attn, qkv=qkv, o=o)
+            block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
+            subgraphs.share(block, "sliding" if block.self_attn.use_local else "full", groups)
         use_output_head(text_model, plan[f"{LANGUAGE_PREFIX}lm_head"])
+    subgraphs.log()
 
 
 class AttnQuantGemma4Model(Gemma4Model):
@@ -172,6 +174,7 @@ class AttnQuantGemma4Model(Gemma4Model):
                 module.language_model,
                 model_config.projection_plan,
                 activation=model_config.text_config.hidden_activation,
+                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
             )
         assert isinstance(self._batch_processor, Gemma4ModuleV3BatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

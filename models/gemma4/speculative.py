@@ -175,6 +175,7 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
                 module.target,
                 self._projection_plan,
                 activation=model_config.text_config.hidden_activation,
+                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
             )
         if plan_row_padding(self._projection_plan) is not RowPadding.OFF:
             pad_draft_rows(module.draft)

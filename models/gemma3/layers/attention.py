@@ -20,7 +20,7 @@ from max.pipelines.architectures.gemma3_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import per_head, rope_store_attend
+from ...common.attention import LayerValues, layer_values, per_head, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -50,6 +50,13 @@ class ProjectedGemma3Attention(Module[..., Tensor]):
         self.qkv_proj = build_projection(qkv)
         self.o_proj = build_projection(o)
 
+    def rope(self) -> Module:
+        return self.rope_local if self.is_sliding else self.rope_global
+
+    def layer_values(self) -> LayerValues:
+        """This layer's cache index and rotary table (``common.attention.layer_values``)."""
+        return layer_values(self.rope(), self.layer_idx)
+
     def forward(
         self, x: Tensor, kv_collection: PagedCacheValues, **kwargs
     ) -> Tensor:
@@ -69,8 +76,8 @@ class ProjectedGemma3Attention(Module[..., Tensor]):
             kv_params=self.kv_params,
             kv_collection=kv_collection,
             input_row_offsets=kwargs["input_row_offsets"],
-            rope=self.rope_local if self.is_sliding else self.rope_global,
-            layer_idx_in_cache=self.layer_idx,
+            layer=self.layer_values(),
+            interleaved=self.rope().interleaved,
             n_heads=self.n_heads,
             head_dim=head_dim,
             sliding_window=self.local_window_size if self.is_sliding else None,

@@ -23,7 +23,7 @@ from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import per_head, rope_store_attend
+from ...common.attention import LayerValues, layer_values, per_head, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -62,6 +62,13 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         x_q, x_k = F.split(self.qkv_proj(x), [q_dim, kv_dim], axis=-1)
         return x_q, x_k, x_k
 
+    def rope(self) -> Module:
+        return self.rope_local if self.use_local else self.rope_global
+
+    def layer_values(self) -> LayerValues:
+        """This layer's cache index and rotary table (``common.attention.layer_values``)."""
+        return layer_values(self.rope(), self.layer_idx_in_cache)
+
     def forward(
         self, x: Tensor, kv_collection: PagedCacheValues, *, input_row_offsets: Tensor
     ) -> Tensor:
@@ -79,8 +86,8 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
             kv_params=self.kv_params,
             kv_collection=kv_collection,
             input_row_offsets=input_row_offsets,
-            rope=self.rope_local if self.use_local else self.rope_global,
-            layer_idx_in_cache=self.layer_idx_in_cache,
+            layer=self.layer_values(),
+            interleaved=self.rope().interleaved,
             n_heads=self.n_heads,
             head_dim=self.head_dim,
             sliding_window=self.local_window_size if self.use_local else None,

@@ -1,0 +1,146 @@
+"""Decoder layers of one structure compiled once: MAX subgraphs shared by name.
+
+MAX's compiler processes every op of a graph, so 26 identical layers cost 26
+layers of compile. ``max.experimental.nn.as_subgraph`` traces one layer into
+a subgraph and calls it from each layer given the same name, every call
+binding its own layer's weights by their name prefix. It matters most on
+sm_90, where our row padding's one-row branch and the NVFP4 GEMV's M dispatch
+put an ``F.cond`` around each projection, which MAX compiles slowly
+(docs/dev/max-workarounds.md).
+
+Layers share a subgraph only when they build the same ops: the same attention
+kind and the same projection plan but for names. What differs between them
+inside the body enters as an argument (the KV-cache layer index, the rotary
+table), never as a Python constant, or every layer would run the first one's.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from max.experimental.nn import Module, as_subgraph
+from max.experimental.realization_context import in_graph_context
+from max.graph import Graph
+
+from attnquant.config import LOGGER_NAME
+from attnquant.graph.ops import import_ops
+from attnquant.plan import PartPlan
+
+logger = logging.getLogger(LOGGER_NAME)
+
+PerLayerInputs = Callable[[Any], dict[str, Any]]
+"""``inputs(layer)``: the values that differ between the layers of one
+subgraph, as graph values of the enclosing graph; the body reads them back
+with :func:`subgraph_inputs`."""
+
+_SUBGRAPH_INPUTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "attnquant_subgraph_inputs", default=None
+)
+
+
+def subgraph_inputs() -> dict[str, Any] | None:
+    """Inside a shared layer subgraph's body: its per-layer inputs (the
+    subgraph's arguments); elsewhere None."""
+    return _SUBGRAPH_INPUTS.get()
+
+
+LAYER_GROUPS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+"""A Gemma decoder layer's projection groups, in the plan's names relative to the layer."""
+
+
+def attention_values(layer: Any) -> dict[str, Any]:
+    """What differs between the layers of one subgraph: their attention's
+    cache index and rotary table (``common.attention.layer_values``)."""
+    return layer.self_attn.layer_values()
+
+
+def part_structure(part: PartPlan) -> PartPlan | None:
+    """What of ``part`` decides the ops its layer builds (its names taken out),
+    or None for a part that reads a tensor outside its layer (a theta part's
+    ``w0`` is shared by a band of layers), which a subgraph cannot bind."""
+    if part.kind == "theta":
+        return None
+    return dataclasses.replace(part, members=(), shared_with="")
+
+
+class LayerSubgraphs:
+    """Assigns one model's decoder layers to subgraphs, one per structure
+    (``enabled``: MAX's ``--use-subgraphs``; off, every layer is inlined)."""
+
+    def __init__(self, model: str, *, enabled: bool) -> None:
+        self.model = model
+        self.enabled = enabled
+        self.names: dict[Hashable, str] = {}
+        self.layers: Counter[str] = Counter()
+
+    def share(self, layer: Module[..., Any], kind: str, groups: list[tuple[PartPlan, ...]]) -> None:
+        """Makes ``layer`` (attention ``kind``, these projection groups, and
+        ``mlp`` and ``self_attn`` children) call its structure's subgraph."""
+        parts = tuple(part_structure(p) for group in groups for p in group)
+        if not self.enabled or any(p is None for p in parts):
+            self.layers["inlined"] += 1
+            return
+        name = self.names.setdefault((kind, parts), f"{self.model}_{kind}_layer_{len(self.names)}")
+        self.layers[name] += 1
+        _call_through_subgraph(layer, name=name, inputs=attention_values)
+
+    def log(self) -> None:
+        total = sum(self.layers.values())
+        if not self.enabled:
+            logger.info("attnquant %s: %d decoder layers inlined (--no-use-subgraphs)", self.model, total)
+            return
+        layers = ", ".join(f"{name} x{count}" for name, count in self.layers.items())
+        logger.info(
+            "attnquant %s: %d decoder layers compiled as %d shared subgraph(s): %s%s",
+            self.model, total, len(self.names), layers,
+            " (layers with theta parts are inlined: they read tensors of other layers)" * ("inlined" in self.layers),
+        )  # fmt: skip
+
+
+def weight_prefix(layer: Module[..., Any]) -> str:
+    """Where ``layer``'s weights are named (``"language_model.layers.3."``),
+    read off its MLP's first weight (the layer's own: a child like the rotary
+    table may be shared between layers and named after the first)."""
+    path, weight = next(iter(layer.mlp.parameters))
+    name, suffix = weight.external_name, f"mlp.{path}"
+    if name is None or not name.endswith(suffix):
+        raise ValueError(f"the layer's weight {path!r} is named {name!r}, not '<prefix>{suffix}'")
+    return name[: -len(suffix)]
+
+
+def _call_through_subgraph(layer: Module[..., Any], *, name: str, inputs: PerLayerInputs) -> None:
+    """Swaps ``layer``'s class for a subclass whose call goes through the
+    subgraph ``name``; its children and weight names stay as they are."""
+    layer.subgraph_call = (name, inputs)  # type: ignore[attr-defined]
+    if not getattr(type(layer), "calls_subgraph", False):
+        layer.__class__ = _subgraph_class(type(layer))
+
+
+def _body(forward: Callable[..., Any], layer: Any, *args: Any, layer_inputs: dict[str, Any], **kwargs: Any) -> Any:
+    token = _SUBGRAPH_INPUTS.set(layer_inputs)
+    try:
+        return forward(layer, *args, **kwargs)
+    finally:
+        _SUBGRAPH_INPUTS.reset(token)
+
+
+@functools.cache
+def _subgraph_class(cls: type[Module[..., Any]]) -> type[Module[..., Any]]:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not in_graph_context():  # eager: nothing to share
+            return cls.forward(self, *args, **kwargs)
+        name, inputs = self.subgraph_call
+        # Projections may call our custom ops, which MAX compiles only from
+        # the root graph's kernel libraries (a subgraph starts with those).
+        import_ops(Graph.current)
+        call = as_subgraph(functools.partial(_body, cls.forward, self), name=name, prefix=weight_prefix(self))
+        return call(*args, **kwargs, layer_inputs=inputs(self))
+
+    namespace = {"__call__": __call__, "calls_subgraph": True, "__module__": __name__}
+    return type(f"Subgraph{cls.__name__}", (cls,), namespace)

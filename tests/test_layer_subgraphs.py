@@ -1,0 +1,164 @@
+"""Decoder layers of one structure share one MAX subgraph (``models/common/layer_subgraphs.py``).
+
+Which layers may share is decided from the projection plan; a wrong grouping
+would run one layer's ops (a kernel choice, a dense part) on another's
+weights, so grouping is pinned here. That shared layers bind their own
+weights and KV-cache slot is checked end to end by the served models' tests
+(``tests/test_gemma3_max.py`` compares every completion with a float32
+reference; subgraphs are on by default), and the staged graph by
+:func:`test_staged_graph_calls_one_body_per_structure`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from max.driver import CPU
+from max.dtype import DType
+from max.experimental import compilation
+from max.experimental import functional as F
+from max.experimental.nn import Module
+from max.experimental.sharding import TensorLayout
+from max.experimental.tensor import Tensor, default_device
+
+from attnquant.plan import PartPlan
+from models.common import layer_subgraphs as ls
+
+DENSE = PartPlan("dense", ("layers.0.mlp.down_proj",), (8,), 8)
+NVFP4 = PartPlan("nvfp4", ("layers.0.mlp.down_proj",), (8,), 8, backend="mojo-sm90", kernel_params=(("variant", 0),))
+THETA = PartPlan("theta", ("layers.0.mlp.down_proj",), (8,), 8, shared_with="layers.0.mlp.down_proj", rank=4)
+
+
+def renamed(part: PartPlan, layer: int) -> PartPlan:
+    return dataclasses.replace(part, members=(f"layers.{layer}.mlp.down_proj",), shared_with=part.shared_with and f"layers.{layer}.x")
+
+
+class Mlp(Module[[Tensor], Tensor]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = Tensor.zeros([8, 8])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.weight.T
+
+
+class Attention(Module[[Tensor], Tensor]):
+    """Adds a per-layer value that must reach a shared body as an argument,
+    as the KV-cache index does in our Gemma attention."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def layer_values(self) -> dict[str, Tensor]:
+        shared = ls.subgraph_inputs()
+        return shared if shared is not None else {"offset": F.constant(self.offset, DType.float32, device=CPU())}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.layer_values()["offset"].to(x.device)
+
+
+class Layer(Module[[Tensor], Tensor]):
+    """A decoder-layer stand-in: ``mlp(self_attn(x))``."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.self_attn = Attention(offset)
+        self.mlp = Mlp()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.mlp(self.self_attn(x))
+
+
+class Stack(Module[[Tensor], Tensor]):
+    def __init__(self, layers: list[Layer]) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def share_all(layers: list[Layer], plans: list[PartPlan], kinds: list[str]) -> ls.LayerSubgraphs:
+    subgraphs = ls.LayerSubgraphs("toy", enabled=True)
+    for layer, part, kind in zip(layers, plans, kinds, strict=True):
+        subgraphs.share(layer, kind, [(part,)])
+    return subgraphs
+
+
+def test_layers_share_a_subgraph_only_when_their_ops_match() -> None:
+    with default_device(CPU()):
+        layers = [Layer(float(i)) for i in range(6)]
+    plans = [renamed(DENSE, 0), renamed(DENSE, 1), renamed(NVFP4, 2), renamed(NVFP4, 3), renamed(DENSE, 4), renamed(THETA, 5)]
+    kinds = ["sliding", "sliding", "sliding", "sliding", "full", "sliding"]
+    subgraphs = share_all(layers, plans, kinds)
+    names = [getattr(layer, "subgraph_call", (None,))[0] for layer in layers]
+    # Names differ between layers only in the layer index: dense 0 and 1 share.
+    assert names[0] == names[1] and names[2] == names[3]
+    assert len({names[0], names[2], names[4]}) == 3  # another kernel, another attention kind
+    assert names[5] is None and not getattr(type(layers[5]), "calls_subgraph", False)  # theta: inlined
+    assert subgraphs.layers["inlined"] == 1 and len(subgraphs.names) == 3
+
+
+def test_kernel_choice_is_part_of_the_structure() -> None:
+    other = dataclasses.replace(NVFP4, kernel_params=(("variant", 4),))
+    assert ls.part_structure(renamed(NVFP4, 1)) == ls.part_structure(renamed(NVFP4, 7))
+    assert ls.part_structure(other) != ls.part_structure(NVFP4)
+    assert ls.part_structure(THETA) is None
+
+
+def test_shared_layers_run_their_own_weights_and_values() -> None:
+    """Six layers, two structures: the compiled graph calls two subgraphs six
+    times (bodies live beside it in the module), and each call computes with its own layer's weight
+    (bound by name prefix) and its own per-layer value (an argument)."""
+    from max.engine import InferenceSession
+
+    with default_device(CPU()):
+        layers = [Layer(float(i)) for i in range(6)]
+        stack = Stack(layers)
+    share_all(layers, [renamed(DENSE, i) for i in range(6)], ["sliding"] * 5 + ["full"])
+    weights = {f"layers.{i}.mlp.weight": np.eye(8, dtype=np.float32) * (i + 1) for i in range(6)}
+    session = InferenceSession(devices=[CPU()])
+    graphs: list[str] = []
+    compile_graph = session.compile_reusing_mefs
+
+    def recording(graph, *args, **kwargs):  # noqa: ANN001, ANN202
+        graphs.append(str(graph))
+        return compile_graph(graph, *args, **kwargs)
+
+    session.compile_reusing_mefs = recording  # type: ignore[method-assign]
+    run = stack.compile(TensorLayout(DType.float32, ["m", 8], CPU()), weights=weights, session=session)
+    (text,) = graphs
+    assert text.count("mo.call @") == 6
+    assert text.count("mo.call @toy_sliding_layer_0") == 5 and text.count("mo.call @toy_full_layer_1") == 1
+    expected = 1.0
+    for i in range(6):
+        expected = (expected + i) * (i + 1)  # (x + offset_i) @ ((i+1) I)
+    out = np.from_dlpack(run(Tensor.ones([2, 8], device=CPU())))
+    assert np.all(out == expected), (out[0, 0], expected)
+
+
+def test_eager_calls_run_the_layer_itself() -> None:
+    with default_device(CPU()):
+        layer = Layer(2.0)
+        share_all([layer], [DENSE], ["sliding"])
+        x = Tensor.ones([1, 8])
+        assert float(layer(x)[0, 0].item()) == pytest.approx(0.0)  # (1 + 2) @ zeros
+
+
+def test_weight_prefix_is_read_off_the_mlp() -> None:
+    class Named:
+        external_name = "language_model.layers.3.mlp.weight"
+
+    class Fake:
+        class mlp:  # noqa: N801
+            parameters = [("weight", Named())]
+
+    assert ls.weight_prefix(Fake()) == "language_model.layers.3."
+    Named.external_name = "rope.weight"
+    with pytest.raises(ValueError, match="not '<prefix>mlp.weight'"):
+        ls.weight_prefix(Fake())

@@ -147,7 +147,7 @@ def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) ->
     assert "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8" in padding
 
 
-def test_tuned_phase_sets_the_table_against_the_original_kernels_at_1_and_16(tmp_path: Path) -> None:
+def test_tuned_phase_times_nvfp4_with_and_without_layer_subgraphs_at_1_and_16(tmp_path: Path) -> None:
     """Beside the servers, every entry (and TUNED_ALSO's candidate) is checked through MAX."""
     progress, calls = _run_with_stubs(tmp_path, "tuned", TUNED_ALSO="640x1024:wide=2:8", SM90_CELL="3:8:1:1")
     check = next(c for c in calls if "sm90_tuned_h200.py" in c)
@@ -157,7 +157,7 @@ def test_tuned_phase_sets_the_table_against_the_original_kernels_at_1_and_16(tmp
     assert "--concurrency 1 16" in tuned and "--max-batch-size 16" in tuned and "g3-1b" in tuned
     cells = tuned.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+MODULAR")[0] for c in cells] == [
-        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1",
+        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+--no-use-subgraphs",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
     ]
 

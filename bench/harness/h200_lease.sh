@@ -40,10 +40,11 @@
 #      ours NVFP4 + capture and ours bf16 + capture (BUILTIN27=1: MAX's built-in bf16
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
-#   "tuned" (after padding): the GEMV kernels SM90_TUNED picks per shape and range of M
-#      against the original kernels everywhere (ATTNQUANT_SM90_VARIANT=-1), ours NVFP4 +
-#      capture at the 1B geometry, c=1 and c=16 (where the table's kernels for 9-16 rows act),
-#      beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding);
+#   "tuned" (after padding): ours NVFP4 + capture at the 1B geometry (the GEMV kernels
+#      SM90_TUNED picks per shape and range of M; decoder layers as shared subgraphs) against
+#      the same with every layer inlined (--no-use-subgraphs: what the subgraphs cost or save
+#      per step), beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
+#      c=1 and c=16 (where the table's kernels for 9-16 rows act);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
 #      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
 #   "g4tpot": Gemma 4 at the 31B geometry (G4_TPOT_LAYERS, 30: the layers its TPOT has
@@ -157,7 +158,7 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=-1${MM}=8" \
+    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+--no-use-subgraphs${MM}=8" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1

@@ -5,8 +5,8 @@ would run one layer's ops (a kernel choice, a dense part) on another's
 weights, so grouping is pinned here. That shared layers bind their own
 weights and KV-cache slot is checked end to end by the served models' tests
 (``tests/test_gemma3_max.py`` compares every completion with a float32
-reference; subgraphs are on by default), and the staged graph by
-:func:`test_staged_graph_calls_one_body_per_structure`.
+reference; subgraphs are on by default), and on a toy stack of layers by
+:func:`test_shared_layers_run_their_own_weights_and_values`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from max.driver import CPU
 from max.dtype import DType
-from max.experimental import compilation
 from max.experimental import functional as F
 from max.experimental.nn import Module
 from max.experimental.sharding import TensorLayout
@@ -96,7 +95,7 @@ def test_layers_share_a_subgraph_only_when_their_ops_match() -> None:
     plans = [renamed(DENSE, 0), renamed(DENSE, 1), renamed(NVFP4, 2), renamed(NVFP4, 3), renamed(DENSE, 4), renamed(THETA, 5)]
     kinds = ["sliding", "sliding", "sliding", "sliding", "full", "sliding"]
     subgraphs = share_all(layers, plans, kinds)
-    names = [getattr(layer, "subgraph_call", (None,))[0] for layer in layers]
+    names = [getattr(layer, "subgraph_name", None) for layer in layers]
     # Names differ between layers only in the layer index: dense 0 and 1 share.
     assert names[0] == names[1] and names[2] == names[3]
     assert len({names[0], names[2], names[4]}) == 3  # another kernel, another attention kind
@@ -111,6 +110,7 @@ def test_kernel_choice_is_part_of_the_structure() -> None:
     assert ls.part_structure(THETA) is None
 
 
+@pytest.mark.max
 def test_shared_layers_run_their_own_weights_and_values() -> None:
     """Six layers, two structures: the compiled graph calls two subgraphs six
     times (bodies live beside it in the module), and each call computes with its own layer's weight
@@ -142,6 +142,7 @@ def test_shared_layers_run_their_own_weights_and_values() -> None:
     assert np.all(out == expected), (out[0, 0], expected)
 
 
+@pytest.mark.max
 def test_eager_calls_run_the_layer_itself() -> None:
     with default_device(CPU()):
         layer = Layer(2.0)

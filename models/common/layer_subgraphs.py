@@ -34,19 +34,15 @@ from attnquant.plan import PartPlan
 
 logger = logging.getLogger(LOGGER_NAME)
 
-PerLayerInputs = Callable[[Any], dict[str, Any]]
-"""``inputs(layer)``: the values that differ between the layers of one
-subgraph, as graph values of the enclosing graph; the body reads them back
-with :func:`subgraph_inputs`."""
-
 _SUBGRAPH_INPUTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "attnquant_subgraph_inputs", default=None
 )
 
 
 def subgraph_inputs() -> dict[str, Any] | None:
-    """Inside a shared layer subgraph's body: its per-layer inputs (the
-    subgraph's arguments); elsewhere None."""
+    """Inside a shared layer subgraph's body: the per-layer values it was
+    called with (:func:`attention_values`, now the subgraph's arguments);
+    elsewhere None."""
     return _SUBGRAPH_INPUTS.get()
 
 
@@ -55,8 +51,9 @@ LAYER_GROUPS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "m
 
 
 def attention_values(layer: Any) -> dict[str, Any]:
-    """What differs between the layers of one subgraph: their attention's
-    cache index and rotary table (``common.attention.layer_values``)."""
+    """What differs between the layers of one subgraph, as graph values of the
+    enclosing graph: their attention's cache index and rotary table
+    (``common.attention.layer_values``)."""
     return layer.self_attn.layer_values()
 
 
@@ -88,7 +85,7 @@ class LayerSubgraphs:
             return
         name = self.names.setdefault((kind, parts), f"{self.model}_{kind}_layer_{len(self.names)}")
         self.layers[name] += 1
-        _call_through_subgraph(layer, name=name, inputs=attention_values)
+        _call_through_subgraph(layer, name)
 
     def log(self) -> None:
         total = sum(self.layers.values())
@@ -96,10 +93,10 @@ class LayerSubgraphs:
             logger.info("attnquant %s: %d decoder layers inlined (--no-use-subgraphs)", self.model, total)
             return
         layers = ", ".join(f"{name} x{count}" for name, count in self.layers.items())
+        why = " (layers with theta parts read tensors of other layers)" if "inlined" in self.layers else ""
         logger.info(
             "attnquant %s: %d decoder layers compiled as %d shared subgraph(s): %s%s",
-            self.model, total, len(self.names), layers,
-            " (layers with theta parts are inlined: they read tensors of other layers)" * ("inlined" in self.layers),
+            self.model, total, len(self.names), layers, why,
         )  # fmt: skip
 
 
@@ -114,15 +111,16 @@ def weight_prefix(layer: Module[..., Any]) -> str:
     return name[: -len(suffix)]
 
 
-def _call_through_subgraph(layer: Module[..., Any], *, name: str, inputs: PerLayerInputs) -> None:
+def _call_through_subgraph(layer: Module[..., Any], name: str) -> None:
     """Swaps ``layer``'s class for a subclass whose call goes through the
     subgraph ``name``; its children and weight names stay as they are."""
-    layer.subgraph_call = (name, inputs)  # type: ignore[attr-defined]
+    layer.subgraph_name = name  # type: ignore[attr-defined]
     if not getattr(type(layer), "calls_subgraph", False):
         layer.__class__ = _subgraph_class(type(layer))
 
 
 def _body(forward: Callable[..., Any], layer: Any, *args: Any, layer_inputs: dict[str, Any], **kwargs: Any) -> Any:
+    """The traced body: ``layer``'s forward, reading its per-layer values from the arguments."""
     token = _SUBGRAPH_INPUTS.set(layer_inputs)
     try:
         return forward(layer, *args, **kwargs)
@@ -135,12 +133,12 @@ def _subgraph_class(cls: type[Module[..., Any]]) -> type[Module[..., Any]]:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not in_graph_context():  # eager: nothing to share
             return cls.forward(self, *args, **kwargs)
-        name, inputs = self.subgraph_call
         # Projections may call our custom ops, which MAX compiles only from
         # the root graph's kernel libraries (a subgraph starts with those).
         import_ops(Graph.current)
-        call = as_subgraph(functools.partial(_body, cls.forward, self), name=name, prefix=weight_prefix(self))
-        return call(*args, **kwargs, layer_inputs=inputs(self))
+        body = functools.partial(_body, cls.forward, self)
+        call = as_subgraph(body, name=self.subgraph_name, prefix=weight_prefix(self))
+        return call(*args, **kwargs, layer_inputs=attention_values(self))
 
     namespace = {"__call__": __call__, "calls_subgraph": True, "__module__": __name__}
     return type(f"Subgraph{cls.__name__}", (cls,), namespace)

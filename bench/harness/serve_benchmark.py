@@ -12,7 +12,8 @@ stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
 each cell's greedy 48-token completion with the first cell's and with its
 capture twin's (the same cell with capture flipped; its arena size may
-differ), when that cell is run.
+differ) and, for a cell with ``+--FLAG`` items, with the same cell without them,
+when that cell is run.
 
 ``--image`` also sends each cell one chat request with an image (a text +
 vision model's vision tower runs) and prints MAX's answer or its refusal.
@@ -423,13 +424,25 @@ PLACEMENT_ENV = ("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT",)
 """Where a server's memory goes, not what it computes: twins may differ in it."""
 
 
+def _settings(cell: Cell) -> list[tuple[str, str]]:
+    """A cell's environment items that change what it computes."""
+    return sorted((k, v) for k, v in cell.env.items() if k not in PLACEMENT_ENV)
+
+
 def capture_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
     """The cell that differs from ``cell`` only in capture (and memory placement)."""
+    same = (cell.variant, _settings(cell), cell.flags)
+    return next((c for c in cells if c.capture != cell.capture and (c.variant, _settings(c), c.flags) == same), None)
 
-    def computes(c: Cell) -> tuple:
-        return c.variant, sorted((k, v) for k, v in c.env.items() if k not in PLACEMENT_ENV), c.flags
 
-    return next((c for c in cells if c.capture != cell.capture and computes(c) == computes(cell)), None)
+def flag_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell that is ``cell`` without its ``+--FLAG`` items (memory placement aside):
+    e.g. ``--no-use-subgraphs`` changes how the graph is compiled, not what it computes,
+    so the two must give the same greedy text."""
+    if not cell.flags:
+        return None
+    same = (cell.variant, cell.capture, _settings(cell))
+    return next((c for c in cells if not c.flags and (c.variant, c.capture, _settings(c)) == same), None)
 
 
 def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> None:
@@ -445,6 +458,10 @@ def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> Non
         twin = texts.get(twin_cell.spec) if twin_cell else None
         if twin:
             line += f", same as capture twin={seen[0] == twin[0]}"
+        unflagged_cell = flag_twin(cell, cells)
+        unflagged = texts.get(unflagged_cell.spec) if unflagged_cell else None
+        if unflagged:
+            line += f", same as without {' '.join(cell.flags)}={seen[0] == unflagged[0]}"
         print(line, flush=True)
 
 

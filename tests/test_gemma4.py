@@ -327,6 +327,7 @@ def test_mtp_target_takes_the_served_weights(
         UnifiedMTPGemma4ModuleV3Target,
     )
 
+    from models.common.layer_subgraphs import choose_layer_subgraphs
     from models.gemma4.model import single_device_mesh, use_projections
     from models.gemma4.speculative import prepare_target_weights, with_target_weights
 
@@ -342,7 +343,8 @@ def test_mtp_target_takes_the_served_weights(
     served, plan = prepare_target_weights(raw, config, checkpoint, CPU())
     with F.lazy(), default_dtype(config.dtype), default_device(mesh):
         target = UnifiedMTPGemma4ModuleV3Target(config, mesh)
-        use_projections(target, plan, activation=config.text_config.hidden_activation, layer_subgraphs=True)
+        subgraphs = choose_layer_subgraphs(True, "cpu", CPU())
+        use_projections(target, plan, activation=config.text_config.hidden_activation, layer_subgraphs=subgraphs)
     declared = {name: tuple(t.shape) for name, t in target.parameters}
     layer_tensors = {k: tuple(v.shape) for k, v in served.items() if k.startswith("layers.")}
     assert {k: v for k, v in declared.items() if k.startswith("layers.")} == layer_tensors

@@ -83,7 +83,7 @@ class Stack(Module[[Tensor], Tensor]):
 
 
 def share_all(layers: list[Layer], plans: list[PartPlan], kinds: list[str]) -> ls.LayerSubgraphs:
-    subgraphs = ls.LayerSubgraphs("toy", enabled=True)
+    subgraphs = ls.LayerSubgraphs("toy", ls.choose_layer_subgraphs(True, "cpu", CPU()))
     for layer, part, kind in zip(layers, plans, kinds, strict=True):
         subgraphs.share(layer, kind, [(part,)])
     return subgraphs
@@ -101,6 +101,26 @@ def test_layers_share_a_subgraph_only_when_their_ops_match() -> None:
     assert len({names[0], names[2], names[4]}) == 3  # another kernel, another attention kind
     assert names[5] is None and not getattr(type(layers[5]), "calls_subgraph", False)  # theta: inlined
     assert subgraphs.layers["inlined"] == 1 and len(subgraphs.names) == 3
+
+
+class _Accelerator:
+    is_host = False
+
+
+def test_subgraphs_are_shared_on_a_cpu_only_and_the_log_says_why(caplog) -> None:
+    assert ls.choose_layer_subgraphs(True, "cpu", CPU()).enabled
+    off = ls.choose_layer_subgraphs(False, "always", CPU())
+    gpu = ls.choose_layer_subgraphs(True, "cpu", _Accelerator())  # type: ignore[arg-type]
+    assert not off.enabled and not gpu.enabled and "GPU" in gpu.reason
+    with default_device(CPU()):
+        layers = [Layer(float(i)) for i in range(3)]
+    subgraphs = ls.LayerSubgraphs("toy", gpu)
+    for i, layer in enumerate(layers):
+        subgraphs.share(layer, "sliding", [(renamed(DENSE, i),)])
+    assert not any(hasattr(layer, "subgraph_name") for layer in layers)
+    with caplog.at_level("INFO"):
+        subgraphs.log()
+    assert f"toy: 3 decoder layers inlined ({gpu.reason})" in caplog.text
 
 
 def test_kernel_choice_is_part_of_the_structure() -> None:

@@ -157,7 +157,7 @@ def test_tuned_phase_times_nvfp4_with_and_without_layer_subgraphs_at_1_and_16(tm
     assert "--concurrency 1 16" in tuned and "--max-batch-size 16" in tuned and "g3-1b" in tuned
     cells = tuned.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+MODULAR")[0] for c in cells] == [
-        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+--no-use-subgraphs",
+        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=always",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
     ]
 

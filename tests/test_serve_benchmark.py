@@ -48,25 +48,25 @@ def test_flag_items_reach_the_command_line_and_tell_capture_twins_apart(monkeypa
         harness.Cell.parse("attnquant-nvfp4:on+no-equals-sign")
 
 
-def test_a_flagged_cell_is_compared_with_the_same_cell_without_its_flags(capsys) -> None:
+def test_a_cell_compiled_otherwise_is_compared_with_the_same_cell_compiled_plainly(capsys) -> None:
     harness = bench_module("serve_benchmark")
     parse = harness.Cell.parse
     plain = parse("attnquant-nvfp4:on+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8")
     flagged = parse("attnquant-nvfp4:on+--no-use-subgraphs")
+    shared = parse("attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=always")
     other = parse("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+--no-use-subgraphs")
     bf16 = parse("attnquant-bf16:on")
-    cells = [bf16, plain, flagged, other]
-    assert harness.flag_twin(flagged, cells) is plain  # arena placement aside
-    assert harness.flag_twin(other, cells) is None  # computes with another head
-    assert harness.flag_twin(plain, cells) is None  # no flags: nothing to compare
-    texts = {bf16.spec: ["a"], plain.spec: ["b"], flagged.spec: ["b"], other.spec: ["c"]}
+    cells = [bf16, plain, flagged, shared, other]
+    assert harness.compile_twin(flagged, cells) is plain  # arena placement aside
+    assert harness.compile_twin(shared, cells) is plain
+    assert harness.compile_twin(other, cells) is None  # computes with another head
+    assert harness.compile_twin(plain, cells) is None  # compiled plainly: nothing to compare
+    texts = {bf16.spec: ["a"], plain.spec: ["b"], flagged.spec: ["b"], shared.spec: ["x"], other.spec: ["c"]}
     harness.print_greedy_identity(cells, texts)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2].endswith(", same as without --no-use-subgraphs=True")
-    texts[flagged.spec] = ["x"]
-    harness.print_greedy_identity(cells, texts)
-    assert capsys.readouterr().out.splitlines()[2].endswith("without --no-use-subgraphs=False")
-    assert "without" not in lines[3]
+    assert lines[2].endswith(", same as compiled plainly=True")
+    assert lines[3].endswith(", same as compiled plainly=False")
+    assert "plainly" not in lines[1] and "plainly" not in lines[4]
 
 
 def test_greedy_note_names_the_tokens_behind_an_empty_text() -> None:

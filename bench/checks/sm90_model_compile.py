@@ -2,7 +2,7 @@
 
     python bench/checks/sm90_model_compile.py CKPT_DIR [--make-checkpoint --layers 2]
         [--quant nvfp4|none] [--quant-ignore self_attn] [--max-builtin]
-        [--prefer-module-v3] [--max-length 4096] [--no-capture]
+        [--prefer-module-v3] [--max-length 4096] [--no-capture] [--no-use-subgraphs]
 
 Runs MAX's own compile-only path (what ``max warm-cache --target cuda:sm_90a``
 does: virtual devices, the real compiler, no GPU) on a Gemma 3 or Gemma 4
@@ -10,7 +10,8 @@ checkpoint, in-process, with ``--custom-architectures attnquant``: the served pi
 model, its load-time weight preparation (``ATTNQUANT_QUANT``, default nvfp4
 everywhere; ``--quant-ignore self_attn`` keeps attention bf16) and its graph.
 ``--no-capture`` compiles without device graph capture (our row padding is
-then ``fixed``, with no one-row branch). ``--max-builtin`` (Gemma 4) leaves
+then ``fixed``, with no one-row branch). ``--no-use-subgraphs`` (MAX's flag)
+inlines every decoder layer instead of compiling one per structure. ``--max-builtin`` (Gemma 4) leaves
 attnquant out (MAX's own Gemma 4, graph API; add
 ``--prefer-module-v3`` for its ModuleV3 path); it first adds to
 CKPT_DIR/config.json, as null, the MoE fields MAX reads and a
@@ -60,7 +61,7 @@ def make_checkpoint(out: Path, layers: int) -> None:
     config.text_config.hidden_size_per_layer_input = 0
     config.text_config.enable_moe_block = False
     config.save_pretrained(out)
-    total = m.write_weights(out, config, "cpu")
+    total = m.write_weights(out, config)
     m.write_word_tokenizer(
         out, m.GEOMETRY_31B["vocab_size"], m.SPECIAL_TOKENS, m.CHAT_TEMPLATE, m.GEMMA_ROLES
     )
@@ -131,6 +132,7 @@ def main() -> int:
         "--no-capture", action="store_true",
         help="without device graph capture (our row padding is then fixed, not a branch)",
     )  # fmt: skip
+    parser.add_argument("--no-use-subgraphs", action="store_true", help="every decoder layer inlined")
     args = parser.parse_args()
 
     if args.make_checkpoint and not (args.checkpoint / "config.json").exists():
@@ -163,6 +165,8 @@ def main() -> int:
         max_args.append("--prefer-module-v3")
     if args.no_capture:
         max_args.append("--no-device-graph-capture")
+    if args.no_use_subgraphs:
+        max_args.append("--no-use-subgraphs")
 
     log = CompileLog()
     log.install()

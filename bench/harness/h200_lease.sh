@@ -41,9 +41,9 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   "tuned" (after padding): ours NVFP4 + capture at the 1B geometry (the GEMV kernels
-#      SM90_TUNED picks per shape and range of M; decoder layers as shared subgraphs) against
-#      the same with every layer inlined (--no-use-subgraphs: what the subgraphs cost or save
-#      per step), beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
+#      SM90_TUNED picks per shape and range of M; every decoder layer inlined, the GPU default)
+#      against the same with layers as shared subgraphs (ATTNQUANT_LAYER_SUBGRAPHS=always: what
+#      the subgraph calls cost per step), beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
 #      c=1 and c=16 (where the table's kernels for 9-16 rows act);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
 #      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
@@ -158,7 +158,7 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+--no-use-subgraphs${MM}=8" \
+    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=always${MM}=8" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1

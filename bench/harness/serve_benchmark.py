@@ -12,8 +12,8 @@ stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
 each cell's greedy 48-token completion with the first cell's and with its
 capture twin's (the same cell with capture flipped; its arena size may
-differ) and, for a cell with ``+--FLAG`` items, with the same cell without them,
-when that cell is run.
+differ) and, for a cell with ``+--FLAG`` items or ``ATTNQUANT_LAYER_SUBGRAPHS``,
+with the same cell compiled plainly, when that cell is run.
 
 ``--image`` also sends each cell one chat request with an image (a text +
 vision model's vision tower runs) and prints MAX's answer or its refusal.
@@ -435,19 +435,31 @@ def capture_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
     return next((c for c in cells if c.capture != cell.capture and (c.variant, _settings(c), c.flags) == same), None)
 
 
-def flag_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
-    """The cell that is ``cell`` without its ``+--FLAG`` items (memory placement aside):
-    e.g. ``--no-use-subgraphs`` changes how the graph is compiled, not what it computes,
-    so the two must give the same greedy text."""
-    if not cell.flags:
+COMPILE_ENV = ("ATTNQUANT_LAYER_SUBGRAPHS",)
+"""How a server's graph is compiled, not what it computes (as ``+--FLAG`` items are)."""
+
+
+def compile_twin(cell: Cell, cells: list[Cell]) -> Cell | None:
+    """The cell that is ``cell`` without its ``+--FLAG`` items and ``COMPILE_ENV``
+    settings (memory placement aside): e.g. layers as shared subgraphs or inlined
+    change how the graph is compiled, not what it computes, so the two must give
+    the same greedy text."""
+
+    def computes(c: Cell) -> tuple:
+        return c.variant, c.capture, [(k, v) for k, v in _settings(c) if k not in COMPILE_ENV]
+
+    def compiled_plainly(c: Cell) -> bool:
+        return not c.flags and not any(k in c.env for k in COMPILE_ENV)
+
+    if compiled_plainly(cell):
         return None
-    same = (cell.variant, cell.capture, _settings(cell))
-    return next((c for c in cells if not c.flags and (c.variant, c.capture, _settings(c)) == same), None)
+    return next((c for c in cells if compiled_plainly(c) and computes(c) == computes(cell)), None)
 
 
 def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> None:
     """Per cell: its greedy text the same in every session so far, the same as
-    the first cell's, and the same as its capture twin's (capture on vs off)."""
+    the first cell's, the same as its capture twin's (capture on vs off) and
+    the same as its compile twin's (:func:`compile_twin`)."""
     first = texts.get(cells[0].spec, [None])[0]
     for cell in cells:
         seen = texts.get(cell.spec)
@@ -458,10 +470,10 @@ def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> Non
         twin = texts.get(twin_cell.spec) if twin_cell else None
         if twin:
             line += f", same as capture twin={seen[0] == twin[0]}"
-        unflagged_cell = flag_twin(cell, cells)
-        unflagged = texts.get(unflagged_cell.spec) if unflagged_cell else None
-        if unflagged:
-            line += f", same as without {' '.join(cell.flags)}={seen[0] == unflagged[0]}"
+        plain_cell = compile_twin(cell, cells)
+        plain = texts.get(plain_cell.spec) if plain_cell else None
+        if plain:
+            line += f", same as compiled plainly={seen[0] == plain[0]}"
         print(line, flush=True)
 
 

@@ -8,6 +8,11 @@ sm_90, where our row padding's one-row branch and the NVFP4 GEMV's M dispatch
 put an ``F.cond`` around each projection, which MAX compiles slowly
 (docs/dev/max-workarounds.md).
 
+By default they are shared on a CPU only: on a GPU a decode step with shared
+subgraphs was measured slower than one with every layer inlined
+(docs/performance.md), and a step is paid on every token while the compile
+is paid once and then cached (``ATTNQUANT_LAYER_SUBGRAPHS``).
+
 Layers share a subgraph only when they build the same ops: the same attention
 kind and the same projection plan but for names. What differs between them
 inside the body enters as an argument (the KV-cache layer index, the rotary
@@ -24,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from max.driver import Device
 from max.experimental.nn import Module, as_subgraph
 from max.experimental.realization_context import in_graph_context
 from max.graph import Graph
@@ -66,13 +72,35 @@ def part_structure(part: PartPlan) -> PartPlan | None:
     return dataclasses.replace(part, members=(), shared_with="")
 
 
+@dataclasses.dataclass(frozen=True)
+class SubgraphChoice:
+    """Whether a model's decoder layers share subgraphs, and why (the load log says it)."""
+
+    enabled: bool
+    reason: str
+
+
+def choose_layer_subgraphs(use_subgraphs: bool, where: str, device: Device) -> SubgraphChoice:
+    """Shared subgraphs when MAX's ``--use-subgraphs`` (on by default) asks for
+    them and ``ATTNQUANT_LAYER_SUBGRAPHS`` (``where``: ``cpu`` or ``always``)
+    allows them on ``device``; inlined layers otherwise."""
+    if not use_subgraphs:
+        return SubgraphChoice(False, "--no-use-subgraphs")
+    if where == "cpu" and not device.is_host:
+        return SubgraphChoice(
+            False, "on a GPU: the subgraph calls cost decode time there (ATTNQUANT_LAYER_SUBGRAPHS=always shares them)"
+        )
+    return SubgraphChoice(True, f"ATTNQUANT_LAYER_SUBGRAPHS={where}")
+
+
 class LayerSubgraphs:
     """Assigns one model's decoder layers to subgraphs, one per structure
-    (``enabled``: MAX's ``--use-subgraphs``; off, every layer is inlined)."""
+    (``choice``: :func:`choose_layer_subgraphs`; off, every layer is inlined)."""
 
-    def __init__(self, model: str, *, enabled: bool) -> None:
+    def __init__(self, model: str, choice: SubgraphChoice) -> None:
         self.model = model
-        self.enabled = enabled
+        self.enabled = choice.enabled
+        self.reason = choice.reason
         self.names: dict[Hashable, str] = {}
         self.layers: Counter[str] = Counter()
 
@@ -90,7 +118,7 @@ class LayerSubgraphs:
     def log(self) -> None:
         total = sum(self.layers.values())
         if not self.enabled:
-            logger.info("attnquant %s: %d decoder layers inlined (--no-use-subgraphs)", self.model, total)
+            logger.info("attnquant %s: %d decoder layers inlined (%s)", self.model, total, self.reason)
             return
         layers = ", ".join(f"{name} x{count}" for name, count in self.layers.items())
         why = " (layers with theta parts read tensors of other layers)" if "inlined" in self.layers else ""

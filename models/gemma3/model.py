@@ -45,7 +45,7 @@ from attnquant.load.head import OutputHead
 from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, choose_layer_subgraphs
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from ..common.vision import IMAGES_NEED_A_GPU
@@ -74,19 +74,19 @@ def use_projections(
     *,
     text_config: Gemma3Config,
     head: OutputHead,
-    layer_subgraphs: bool,
+    layer_subgraphs: SubgraphChoice,
 ) -> None:
     """Swaps every decoder layer's attention and MLP of MAX's ``Gemma3TextModel``
     for plan-built ones, and computes its output head through attnquant.
 
     ``plan`` is keyed by ``LANGUAGE_PREFIX`` names; ``text_config`` is the
     one ``text_model`` was built from; ``layer_subgraphs``: layers of one
-    structure share a subgraph (MAX's ``--use-subgraphs``, on by default). Call it in the
+    structure share a subgraph or not (``choose_layer_subgraphs``). Call it in the
     build context (``F.lazy()``, dtype, device) that built ``text_model``.
     """
     scale = gemma3_attention_scale(text_config.query_pre_attn_scalar, text_config.head_dim)
     activation = text_config.hidden_activation
-    subgraphs = LayerSubgraphs("gemma3", enabled=layer_subgraphs)
+    subgraphs = LayerSubgraphs("gemma3", layer_subgraphs)
     with shared_blocks():
         for i, block in enumerate(text_model.layers):
             layer = f"{LANGUAGE_PREFIX}layers.{i}"
@@ -143,7 +143,9 @@ class AttnQuantGemma3Model(Gemma3Model):
                 model_config.projection_plan,
                 text_config=model_config,
                 head=output_head(model_config.tie_word_embeddings),
-                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
+                layer_subgraphs=choose_layer_subgraphs(
+                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
+                ),
             )
         return module
 
@@ -240,7 +242,9 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
                 model_config.projection_plan,
                 text_config=model_config.text_config,
                 head=output_head(model_config.text_config.tie_word_embeddings),
-                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
+                layer_subgraphs=choose_layer_subgraphs(
+                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
+                ),
             )
         assert isinstance(self._batch_processor, AttnQuantGemma3MultiModalBatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

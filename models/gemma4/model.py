@@ -33,7 +33,7 @@ from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, choose_layer_subgraphs
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
@@ -108,17 +108,17 @@ def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
 
 
 def use_projections(
-    text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str, layer_subgraphs: bool
+    text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str, layer_subgraphs: SubgraphChoice
 ) -> None:
     """Swaps every decoder layer's attention and MLP for plan-built ones.
 
     ``text_model`` is MAX's ``Gemma4TextModel`` (the ModuleV3 tower, or the
     MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names;
-    ``layer_subgraphs``: layers of one structure share a subgraph
-    (MAX's ``--use-subgraphs``, on by default). Call it in the same build context
+    ``layer_subgraphs``: layers of one structure share a subgraph or not
+    (``choose_layer_subgraphs``). Call it in the same build context
     (``F.lazy()``, dtype, device) that built ``text_model``.
     """
-    subgraphs = LayerSubgraphs("gemma4", enabled=layer_subgraphs)
+    subgraphs = LayerSubgraphs("gemma4", layer_subgraphs)
     with shared_blocks():
         for i, block in enumerate(text_model.layers):
             layer = f"{LANGUAGE_PREFIX}layers.{i}"
@@ -174,7 +174,9 @@ class AttnQuantGemma4Model(Gemma4Model):
                 module.language_model,
                 model_config.projection_plan,
                 activation=model_config.text_config.hidden_activation,
-                layer_subgraphs=self.pipeline_config.model.use_subgraphs,
+                layer_subgraphs=choose_layer_subgraphs(
+                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
+                ),
             )
         assert isinstance(self._batch_processor, Gemma4ModuleV3BatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

@@ -60,7 +60,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers; fewer compile faster with --no-use-subgraphs), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers; with fewer, the inlined servers compile faster), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device

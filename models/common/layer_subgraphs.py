@@ -34,7 +34,7 @@ from max.experimental.nn import Module, as_subgraph
 from max.experimental.realization_context import in_graph_context
 from max.graph import Graph
 
-from attnquant.config import LOGGER_NAME
+from attnquant.config import LOGGER_NAME, AttnQuantConfig
 from attnquant.graph.ops import import_ops
 from attnquant.plan import PartPlan
 
@@ -93,14 +93,20 @@ def choose_layer_subgraphs(use_subgraphs: bool, where: str, device: Device) -> S
     return SubgraphChoice(True, f"ATTNQUANT_LAYER_SUBGRAPHS={where}")
 
 
+def layer_subgraphs_of(pipeline_model: Any, settings: AttnQuantConfig) -> SubgraphChoice:
+    """:func:`choose_layer_subgraphs` for a MAX pipeline model (its
+    ``--use-subgraphs`` and its one device) and this load's settings."""
+    use_subgraphs = pipeline_model.pipeline_config.model.use_subgraphs
+    return choose_layer_subgraphs(use_subgraphs, settings.layer_subgraphs, pipeline_model.devices[0])
+
+
 class LayerSubgraphs:
     """Assigns one model's decoder layers to subgraphs, one per structure
     (``choice``: :func:`choose_layer_subgraphs`; off, every layer is inlined)."""
 
     def __init__(self, model: str, choice: SubgraphChoice) -> None:
         self.model = model
-        self.enabled = choice.enabled
-        self.reason = choice.reason
+        self.choice = choice
         self.names: dict[Hashable, str] = {}
         self.layers: Counter[str] = Counter()
 
@@ -108,7 +114,7 @@ class LayerSubgraphs:
         """Makes ``layer`` (attention ``kind``, these projection groups, and
         ``mlp`` and ``self_attn`` children) call its structure's subgraph."""
         parts = tuple(part_structure(p) for group in groups for p in group)
-        if not self.enabled or any(p is None for p in parts):
+        if not self.choice.enabled or any(p is None for p in parts):
             self.layers["inlined"] += 1
             return
         name = self.names.setdefault((kind, parts), f"{self.model}_{kind}_layer_{len(self.names)}")
@@ -117,8 +123,8 @@ class LayerSubgraphs:
 
     def log(self) -> None:
         total = sum(self.layers.values())
-        if not self.enabled:
-            logger.info("attnquant %s: %d decoder layers inlined (%s)", self.model, total, self.reason)
+        if not self.choice.enabled:
+            logger.info("attnquant %s: %d decoder layers inlined (%s)", self.model, total, self.choice.reason)
             return
         layers = ", ".join(f"{name} x{count}" for name, count in self.layers.items())
         why = " (layers with theta parts read tensors of other layers)" if "inlined" in self.layers else ""

@@ -45,7 +45,7 @@ from attnquant.load.head import OutputHead
 from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, choose_layer_subgraphs
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from ..common.vision import IMAGES_NEED_A_GPU
@@ -143,9 +143,7 @@ class AttnQuantGemma3Model(Gemma3Model):
                 model_config.projection_plan,
                 text_config=model_config,
                 head=output_head(model_config.tie_word_embeddings),
-                layer_subgraphs=choose_layer_subgraphs(
-                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
-                ),
+                layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
             )
         return module
 
@@ -242,9 +240,7 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
                 model_config.projection_plan,
                 text_config=model_config.text_config,
                 head=output_head(model_config.text_config.tie_word_embeddings),
-                layer_subgraphs=choose_layer_subgraphs(
-                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
-                ),
+                layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
             )
         assert isinstance(self._batch_processor, AttnQuantGemma3MultiModalBatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

@@ -33,7 +33,7 @@ from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, choose_layer_subgraphs
+from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
@@ -174,9 +174,7 @@ class AttnQuantGemma4Model(Gemma4Model):
                 module.language_model,
                 model_config.projection_plan,
                 activation=model_config.text_config.hidden_activation,
-                layer_subgraphs=choose_layer_subgraphs(
-                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
-                ),
+                layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
             )
         assert isinstance(self._batch_processor, Gemma4ModuleV3BatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

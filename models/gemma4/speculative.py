@@ -50,7 +50,7 @@ from .model import (
     prepare_language_weights,
     use_projections,
 )
-from ..common.layer_subgraphs import choose_layer_subgraphs
+from ..common.layer_subgraphs import layer_subgraphs_of
 from ..common.prepare import attach_settings, single_device_mesh
 from .model_config import AttnQuantGemma4Config
 
@@ -176,9 +176,7 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
                 module.target,
                 self._projection_plan,
                 activation=model_config.text_config.hidden_activation,
-                layer_subgraphs=choose_layer_subgraphs(
-                    self.pipeline_config.model.use_subgraphs, model_config.attnquant.layer_subgraphs, self.devices[0]
-                ),
+                layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
             )
         if plan_row_padding(self._projection_plan) is not RowPadding.OFF:
             pad_draft_rows(module.draft)

@@ -236,11 +236,11 @@ SETTINGS: tuple[Setting, ...] = (
         "generated_mlp dispatch.",
     ),
     _choice(
-        "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("cpu", "always"), "cpu",
+        "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",
         "Decoder layers of one structure compiled once, as a MAX subgraph every such layer "
-        "calls (compile 3x faster at 26 layers): cpu = on a CPU only, as on a GPU the "
-        "calls cost decode time (docs/performance.md), so there every layer is inlined; "
-        "always = on a GPU too. MAX's --no-use-subgraphs inlines every layer either way.",
+        "calls (compile ~2x faster at 26 layers, decode as fast; docs/performance.md): "
+        "always = on every device; cpu = on a CPU only, every layer inlined on a GPU. "
+        "MAX's --no-use-subgraphs inlines every layer either way.",
     ),
     Setting(
         "ATTNQUANT_CACHE", "cache", _parse_bool, _constant(True),
@@ -312,7 +312,7 @@ class AttnQuantConfig:
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True
-    layer_subgraphs: Literal["cpu", "always"] = "cpu"
+    layer_subgraphs: Literal["always", "cpu"] = "always"
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))
     log_level: str = "INFO"

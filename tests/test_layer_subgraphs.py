@@ -22,6 +22,7 @@ from max.experimental.nn import Module
 from max.experimental.sharding import TensorLayout
 from max.experimental.tensor import Tensor, default_device
 
+from attnquant.config import AttnQuantConfig
 from attnquant.plan import PartPlan
 from models.common import layer_subgraphs as ls
 
@@ -107,11 +108,13 @@ class _Accelerator:
     is_host = False
 
 
-def test_subgraphs_are_shared_on_a_cpu_only_and_the_log_says_why(caplog) -> None:
+def test_subgraphs_are_shared_on_every_device_unless_told_otherwise_and_the_log_says_why(caplog) -> None:
+    default = AttnQuantConfig.from_env({}).layer_subgraphs
+    assert ls.choose_layer_subgraphs(True, default, _Accelerator()).enabled  # type: ignore[arg-type]
     assert ls.choose_layer_subgraphs(True, "cpu", CPU()).enabled
-    off = ls.choose_layer_subgraphs(False, "always", CPU())
+    off = ls.choose_layer_subgraphs(False, default, CPU())
     gpu = ls.choose_layer_subgraphs(True, "cpu", _Accelerator())  # type: ignore[arg-type]
-    assert not off.enabled and not gpu.enabled and "GPU" in gpu.reason
+    assert not off.enabled and not gpu.enabled and "GPU" in gpu.reason and "--no-use-subgraphs" in off.reason
     with default_device(CPU()):
         layers = [Layer(float(i)) for i in range(3)]
     subgraphs = ls.LayerSubgraphs("toy", gpu)

@@ -157,9 +157,17 @@ def test_tuned_phase_times_nvfp4_with_and_without_layer_subgraphs_at_1_and_16(tm
     assert "--concurrency 1 16" in tuned and "--max-batch-size 16" in tuned and "g3-1b" in tuned
     cells = tuned.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+MODULAR")[0] for c in cells] == [
-        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=always",
+        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
     ]
+
+
+def test_tuned_no_bf16_leaves_the_bf16_cell_out(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "tuned", TUNED_NO_BF16="1")
+    tuned = next(c for c in calls if "serve_benchmark.py" in c)
+    cells = tuned.split("--cells ")[1].split(" --")[0].split()
+    assert [c.split("+MODULAR")[0] for c in cells] == [
+        "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu"]
 
 
 def test_g4tpot_times_the_31b_geometry_against_ours_bf16_uncaptured_at_one_request(tmp_path: Path) -> None:

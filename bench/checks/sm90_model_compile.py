@@ -10,10 +10,9 @@ checkpoint, in-process, with ``--custom-architectures attnquant``: the served pi
 model, its load-time weight preparation (``ATTNQUANT_QUANT``, default nvfp4
 everywhere; ``--quant-ignore self_attn`` keeps attention bf16) and its graph.
 ``--no-capture`` compiles without device graph capture (our row padding is
-then ``fixed``, with no one-row branch). Decoder layers are inlined, the GPU
-default; ``ATTNQUANT_LAYER_SUBGRAPHS=always`` in the environment compiles one
-per structure instead, and ``--no-use-subgraphs`` (MAX's flag) inlines them
-whatever that says. ``--max-builtin`` (Gemma 4) leaves
+then ``fixed``, with no one-row branch). Decoder layers compile as one
+subgraph per structure, the default; ``--no-use-subgraphs`` (MAX's flag) inlines
+every one. ``--max-builtin`` (Gemma 4) leaves
 attnquant out (MAX's own Gemma 4, graph API; add
 ``--prefer-module-v3`` for its ModuleV3 path); it first adds to
 CKPT_DIR/config.json, as null, the MoE fields MAX reads and a

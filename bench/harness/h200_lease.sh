@@ -41,8 +41,8 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   "tuned" (after padding): ours NVFP4 + capture at the 1B geometry (the GEMV kernels
-#      SM90_TUNED picks per shape and range of M; every decoder layer inlined, the GPU default)
-#      against the same with layers as shared subgraphs (ATTNQUANT_LAYER_SUBGRAPHS=always: what
+#      SM90_TUNED picks per shape and range of M; decoder layers as shared subgraphs, the default)
+#      against the same with every layer inlined (ATTNQUANT_LAYER_SUBGRAPHS=cpu: what
 #      the subgraph calls cost per step), beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
 #      c=1 and c=16 (where the table's kernels for 9-16 rows act);
 #      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
@@ -60,7 +60,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers; with fewer, the inlined servers compile faster), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers; with fewer, the inlined server compiles faster), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -155,10 +155,11 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   # Ours bf16 + capture is the bar NVFP4 + capture must pass at 1B; SM90_CELL adds a forced
   # variant (e.g. 3:8:1:1, PDL). Meanwhile every table entry (and TUNED_ALSO's candidates)
   # through MAX against float64.
+  local bf16=("attnquant-bf16:on${MM}=8"); [ -n "${TUNED_NO_BF16:-}" ] && bf16=()  # a short lease
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "attnquant-bf16:on${MM}=8" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=always${MM}=8" \
+    --max-batch-size 16 --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu${MM}=8" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1

@@ -235,6 +235,14 @@ SETTINGS: tuple[Setting, ...] = (
         "On the generated_linear path: gate, up, the activation and down as one "
         "generated_mlp dispatch.",
     ),
+    Setting(
+        "ATTNQUANT_GATED_GEMV", "gated_gemv", _parse_bool, _constant(False),
+        "0", _BOOL,
+        "1: NVFP4 on Hopper, the fused gate/up GEMV applies gelu_tanh(gate) * up in its "
+        "epilogue (per layer one kernel and the gate/up output's round trip fewer, M<=16; "
+        "its decode-speed effect is not settled, docs/performance.md); 0: the activation "
+        "runs as MAX ops after the GEMV. The log says which and why.",
+    ),
     _choice(
         "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",
         "Decoder layers of one structure compiled once, as a MAX subgraph every such layer "
@@ -312,6 +320,7 @@ class AttnQuantConfig:
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True
+    gated_gemv: bool = False
     layer_subgraphs: Literal["always", "cpu"] = "always"
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))

@@ -33,7 +33,7 @@ class PartPlan:
     """One run-time matmul: consecutive members of a fused group, of one kind.
 
     Fields up to ``reconstruction`` are written at load (``attnquant.load``);
-    ``backend``, ``gemv_only``, ``kernel_params`` and ``row_padding`` when the weights are converted
+    ``backend``, ``gemv_only``, ``kernel_params``, ``gated`` and ``row_padding`` when the weights are converted
     for the serving device (``attnquant.graph.runtime``).
     """
 
@@ -59,6 +59,10 @@ class PartPlan:
     """NVFP4 parts: the GEMV kernel at every token count (``ATTNQUANT_NVFP4_DISPATCH=gemv``)."""
     kernel_params: tuple[tuple[str, int], ...] = ()
     """NVFP4 parts: the backend's kernel parameters (the sm90 GEMV variant)."""
+    gated: bool = False
+    """NVFP4 gate|up parts: rows interleaved for the backend's gated epilogue,
+    which gives the MLP's hidden state ``act(gate) * up`` (``out_dim / 2``
+    columns) instead of gate|up (``ATTNQUANT_GATED_GEMV``)."""
     row_padding: str = "off"
     """How our MAX matmuls on this part pad their token rows to full tiles (an
     ``attnquant.max_compat.RowPadding`` value; ``ATTNQUANT_ROW_PADDING``)."""

@@ -14,4 +14,9 @@ MAX_GENERATED_RANK = 64
 """The generated ops' largest residual rank: the GPU kernel keeps ``x @ v`` in
 a fixed shared-memory buffer of 64 values per row of x."""
 
-__all__ = ["MAX_GENERATED_RANK", "OPS_PATH"]
+GELU_TANH_NAMES = ("gelu_pytorch_tanh", "gelu_tanh")
+"""Activation names (Hugging Face config spelling) of the GELU the kernels apply
+in their epilogues (``attnquant_ops/activation.mojo``): generated_mlp's and the
+gated NVFP4 GEMV's."""
+
+__all__ = ["GELU_TANH_NAMES", "MAX_GENERATED_RANK", "OPS_PATH"]

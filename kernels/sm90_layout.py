@@ -125,6 +125,20 @@ def padded_shape(n: int, k: int) -> tuple[int, int]:
     return -(-n // TILE_N) * TILE_N, -(-k // TILE_K) * TILE_K
 
 
+def interleave_gate_up(rows: torch.Tensor) -> torch.Tensor:
+    """A gate|up tensor's rows (``[gate; up]``, F each, F a multiple of 8; any
+    trailing dims) reordered so that each 16-row tile holds 8 gate rows, then
+    the up rows of the same 8 outputs. The gated kernels' epilogue then finds
+    both halves of an output in one lane (``_store_fragment`` in
+    attnquant_ops/nvfp4_matmul.mojo). Output ``r`` of the MLP's hidden state is
+    gate row ``r`` and up row ``r``, at rows ``16 (r // 8) + r % 8`` and ``+ 8``."""
+    n = rows.shape[0]
+    if n % TILE_N:
+        raise ValueError(f"a gate|up weight interleaves by {TILE_N // 2} rows: {n} rows is not a multiple of {TILE_N}")
+    half = TILE_N // 2
+    return rows.view(2, n // TILE_N, half, *rows.shape[1:]).transpose(0, 1).reshape(rows.shape)
+
+
 def prepare_weights(packed: torch.Tensor, scale_bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelOpt NVFP4 -> the mojo-sm90 layout (pure torch, on packed's device).
 

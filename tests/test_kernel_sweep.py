@@ -82,3 +82,26 @@ def test_sm90_tuned_is_what_the_stored_sweeps_justify() -> None:
     assert rc.tuned_entries(choices, sm90.SM90_GPU_CHECKED) == shipped
     # every variant the sweeps would adopt has run through the op
     assert rc.tuned_entries(choices) == shipped
+
+
+def test_gated_kernel_check_flow_runs_on_cpu() -> None:
+    """bench/kernel_timing/gated_h200.py --dry-run: a reference in place of the
+    gated kernels (it reads the interleaved, prepared bytes the way a kernel
+    must), checked against gelu_tanh(x Wg^T) * (x Wu^T) in float64, then
+    timed; its table names every kernel each range of M runs. A dry run
+    checks the script's flow and the layout, not the kernels (the H200 does)."""
+    import subprocess
+    import sys
+
+    from attnquant.max_compat import child_environment
+
+    script = ROOT / "bench" / "kernel_timing" / "gated_h200.py"
+    r = subprocess.run([sys.executable, str(script), "--dry-run"], capture_output=True, text=True, timeout=300,
+                       env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "RESULT OK" in r.stdout
+    table = [line for line in r.stdout.splitlines() if line.startswith("| dry")]
+    gated = bench_module("gated_h200")
+    assert len(table) == sum(len(gated.kernels_for(m)) for m in gated.TIME_MS)
+    checks = [line for line in r.stdout.splitlines() if line.startswith("check dry")]
+    assert len(checks) == sum(len(gated.kernels_for(m)) for m in gated.CHECK_MS)

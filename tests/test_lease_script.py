@@ -147,7 +147,7 @@ def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) ->
     assert "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8" in padding
 
 
-def test_tuned_phase_times_nvfp4_with_and_without_layer_subgraphs_at_1_and_16(tmp_path: Path) -> None:
+def test_tuned_phase_times_nvfp4_without_and_with_the_gated_epilogue_at_1_and_16(tmp_path: Path) -> None:
     """Beside the servers, every entry (and TUNED_ALSO's candidate) is checked through MAX."""
     progress, calls = _run_with_stubs(tmp_path, "tuned", TUNED_ALSO="640x1024:wide=2:8", SM90_CELL="3:8:1:1")
     check = next(c for c in calls if "sm90_tuned_h200.py" in c)
@@ -157,7 +157,7 @@ def test_tuned_phase_times_nvfp4_with_and_without_layer_subgraphs_at_1_and_16(tm
     assert "--concurrency 1 16" in tuned and "--max-batch-size 16" in tuned and "g3-1b" in tuned
     cells = tuned.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+MODULAR")[0] for c in cells] == [
-        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu",
+        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
     ]
 
@@ -167,7 +167,7 @@ def test_tuned_no_bf16_leaves_the_bf16_cell_out(tmp_path: Path) -> None:
     tuned = next(c for c in calls if "serve_benchmark.py" in c)
     cells = tuned.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+MODULAR")[0] for c in cells] == [
-        "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu"]
+        "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1"]
 
 
 def test_g4tpot_times_the_31b_geometry_against_ours_bf16_uncaptured_at_one_request(tmp_path: Path) -> None:
@@ -175,13 +175,27 @@ def test_g4tpot_times_the_31b_geometry_against_ours_bf16_uncaptured_at_one_reque
     head beside it; every arena together fits the card (~139 GiB)."""
     progress, calls = _run_with_stubs(tmp_path, "g4tpot")
     assert progress == ["g4tpot", "g4tpot done", "all done"]  # no 1B checkpoints written for it
-    assert "make_random_gemma4.py" in calls[0] and calls[0].split("--layers ")[1].startswith("30")
+    assert "make_random_gemma4.py" in calls[1] and calls[1].split("--layers ")[1].startswith("30")
     bench = next(c for c in calls if "serve_benchmark.py" in c)
     assert "--concurrency 1 " in bench and "--sessions 1" in bench and "g4-tpot" in bench
     cells = bench.split("--cells ")[1].split(" --")[0].split()
     assert [c.split("+ARENA_GIB")[0] for c in cells] == [
         "attnquant-nvfp4:on", "attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4"]
     assert sum(int(c.split("+ARENA_GIB=")[1]) for c in cells) <= 130
+
+
+def test_g4tpot_head_only_fits_beside_the_tuned_phase_and_the_gated_kernels_go_first(tmp_path: Path) -> None:
+    """G4_TPOT_HEAD_ONLY drops the bf16-head NVFP4 cell: its two arenas and the
+    tuned phase's three 1B servers (8 % of the card each) fit the card together;
+    the gated-kernel check takes the card before any server times."""
+    progress, calls = _run_with_stubs(tmp_path, "gatedkernels g4tpot tuned", G4_TPOT_HEAD_ONLY="1")
+    assert "import max.nn.kv_cache" in calls[0], "MAX's import cache is built before any server starts"
+    assert "gated_h200.py" in calls[1] and progress[0] == "gatedkernels"
+    bench = next(c for c in calls if "serve_benchmark.py" in c and "g4-tpot" in c)
+    cells = bench.split("--cells ")[1].split(" --")[0].split()
+    assert [c.split("+ARENA_GIB")[0] for c in cells] == ["attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4"]
+    assert sum(int(c.split("+ARENA_GIB=")[1]) for c in cells) + 3 * 0.08 * 139 <= 130
+    assert "tuned done" in progress and "g4tpot done" in progress
 
 
 def test_cachecheck_times_the_carried_cache_then_a_cold_one_before_anything_else(tmp_path: Path) -> None:

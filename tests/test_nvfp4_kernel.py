@@ -345,7 +345,8 @@ def test_cpu_op_sees_every_input_element(cpu_graph) -> None:
 @pytest.fixture(scope="module")
 def sm90_ptx(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Every op's GPU path (bench/checks/nvfp4_ops_gpu_harness.mojo: all GEMV
-    variants -1..8, every cluster split of 3-8) compiled for a virtual sm_90a."""
+    variants -1..8, every cluster split of 3-8, the gated epilogue of 0, 1, 2,
+    3 and 5) compiled for a virtual sm_90a."""
     mojo = shutil.which("mojo") or str(Path(__import__("sys").executable).parent / "mojo")
     if not Path(mojo).exists():
         pytest.skip("mojo compiler not installed")
@@ -364,21 +365,23 @@ def test_gpu_ops_compile_for_sm90(sm90_ptx: list[Path]) -> None:
     """The PTX of every op's GPU path: tensor-core mma, streaming 16-byte
     weight loads, cp.async (the original kernels), bulk copies on mbarriers
     and compile-time clusters of 2 and 4 with a DSMEM reduction, programmatic
-    dependent launch (the fast variants), and no local memory. CPU graphs
-    never compile these branches."""
+    dependent launch (the fast variants), the gated epilogue's GELU (exp), and
+    no local memory. CPU graphs never compile these branches."""
     ptx = [p.read_text() for p in sm90_ptx]
     # 3 original GEMVs + 6 new variants x 3 splits + variant 3 with PDL x 3 splits
-    # + sm90 dequant + 2 generic kernels
-    assert len(ptx) == 27, f"expected 27 kernels, got {len(ptx)}"
+    # + sm90 dequant + 2 generic kernels + gated: variants 0, 1, 2 and 3, 5 x 3 splits
+    assert len(ptx) == 36, f"expected 36 kernels, got {len(ptx)}"
+    gated = [t for t in ptx if "ex2.approx" in t]
+    assert len(gated) == 9, "the gated kernels (and only they) compute gelu_tanh"
     assert any("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in t for t in ptx)
     assert any("ld.global.nc.L1::no_allocate.v4.u32" in t for t in ptx)
     assert any("cp.async.cg.shared.global" in t for t in ptx)
     bulk = [t for t in ptx if "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in t]
-    assert len(bulk) == 18, "variants 3-6 and 8 (and 3 with PDL), each with splitk 1, 2 and 4"
+    assert len(bulk) == 24, "variants 3-6 and 8 (and 3 with PDL, 3 and 5 gated), each with splitk 1, 2 and 4"
     assert all("mbarrier.try_wait.parity.shared::cta.b64" in t for t in bulk)
     for sk in (2, 4):
         clustered = [t for t in ptx if f".reqnctapercluster 1, 1, {sk}" in t]
-        assert len(clustered) == 7, f"variants 3-8 (and 3 with PDL) with a (1, 1, {sk}) cluster"
+        assert len(clustered) == 9, f"variants 3-8 (and 3 with PDL, 3 and 5 gated) with a (1, 1, {sk}) cluster"
         assert all("mapa.shared::cluster" in t and "barrier.cluster.arrive" in t for t in clustered)
     pdl = [t for t in ptx if "griddepcontrol.wait" in t]
     assert len(pdl) == 3 and all("griddepcontrol.launch_dependents" in t for t in pdl)
@@ -470,13 +473,40 @@ def test_measured_kernels_compile_at_their_shapes_for_virtual_sm90a() -> None:
     from attnquant.graph.nvfp4.sm90 import SM90_TUNED
 
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert f"graph with {len(SM90_TUNED)} projections compiled for sm_90a" in r.stdout, r.stdout[-4000:]
+    gated = 4  # the script's GATED_SHAPES: gate|up of 270M (with the large-M route), 1B, 4B, 27B/31B
+    assert f"graph with {len(SM90_TUNED) + gated} projections compiled for sm_90a" in r.stdout, r.stdout[-4000:]
+    assert "gated [4096, 640] (large-M route above 16 rows)" in r.stdout, r.stdout[-4000:]
     assert "[640, 1024]: {'variant': 4, 'kw': 8, 'splitk': 1, 'wide_variant': 2, 'wide_kw': 8}" in r.stdout, r.stdout[-4000:]
 
 
 # ---------------------------------------------------------------------------
 # The M dispatch (F.cond) with weights a module owns, as the model uses it
 # ---------------------------------------------------------------------------
+
+
+def _cpu_dispatched(config: K.NVFP4LayerConfig):
+    """A module owning an [n, k] NVFP4 weight (ModelOpt layout) that calls
+    ``gemv_or_dequant_matmul`` as the mojo-sm90 backend does, with the CPU
+    ops in place of the sm90 ones (build it under ``default_device(CPU())``)."""
+    from max.dtype import DType
+    from max.experimental.nn import Module
+    from max.experimental.tensor import Tensor
+
+    class Dispatched(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = Tensor.zeros([config.n, config.k // 2], dtype=DType.uint8)
+            self.weight_scale = Tensor.zeros([config.n, config.k // 16], dtype=DType.uint8)
+            self.weight_scale_2 = Tensor.zeros([1], dtype=DType.float32)
+
+        def forward(self, x):
+            return base.gemv_or_dequant_matmul(
+                x, [self.weight, self.weight_scale, self.weight_scale_2], config,
+                gemv_op="attnquant.nvfp4_matmul", dequant_op="attnquant.nvfp4_dequant",
+                weight_dtype=DType.float32,
+            )  # fmt: skip
+
+    return Dispatched()
 
 
 @pytest.mark.max
@@ -490,37 +520,131 @@ def test_m_dispatch_with_module_weights() -> None:
     takes the GEMV op, M=40 decodes W and uses MAX's matmul."""
     from max.driver import CPU
     from max.dtype import DType
-    from max.experimental.nn import Module
     from max.experimental.tensor import Tensor, default_device
     from max.graph import DeviceRef, TensorType
 
     n, k = 24, 64
     config = K.NVFP4LayerConfig(n, k, DType.float32, "cpu", "")
 
-    class Dispatched(Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.weight = Tensor.zeros([n, k // 2], dtype=DType.uint8)
-            self.weight_scale = Tensor.zeros([n, k // 16], dtype=DType.uint8)
-            self.weight_scale_2 = Tensor.zeros([1], dtype=DType.float32)
-
-        def forward(self, x):
-            return base.gemv_or_dequant_matmul(
-                x, [self.weight, self.weight_scale, self.weight_scale_2], config,
-                gemv_op="attnquant.nvfp4_matmul", dequant_op="attnquant.nvfp4_dequant",
-                weight_dtype=DType.float32,
-            )  # fmt: skip
-
     packed, scale_bits = random_nvfp4(n, k)
     weights = {"weight": packed, "weight_scale": scale_bits, "weight_scale_2": torch.tensor([0.5])}
     with default_device(CPU()):
-        module = Dispatched()
+        module = _cpu_dispatched(config)
     run = module.compile(TensorType(DType.float32, ["m", k], DeviceRef.CPU()), weights=weights)
     w = reference_weight(packed, scale_bits, 0.5)
     for m in (3, 40):  # GEMV_MAX_M = 16 sits between them
         x = torch.randn(m, k)
         y = torch.from_dlpack(run(Tensor.from_dlpack(x))).double()
         assert rel_err(y, x.double() @ w.T) < 1e-5, f"M={m}"
+
+
+def gelu_tanh(v: torch.Tensor) -> torch.Tensor:
+    return 0.5 * v * (1 + torch.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
+
+
+@pytest.mark.max
+def test_gated_layer_above_the_gemv_rows_gates_in_max_ops() -> None:
+    """A gated gate|up (rows interleaved by 8 for the GEMV's epilogue) on the
+    large-M route: decode W, MAX's matmul, then ``gate_interleaved`` undoes
+    the interleave and applies gelu_tanh(gate) * up: the CPU twin of what
+    the sm90 backend runs above 16 rows (CPU ops in place of the sm90 ones;
+    its GEMV epilogue is checked on the H200 by sm90_tuned_h200.py)."""
+    from max.driver import CPU
+    from max.dtype import DType
+    from max.experimental.tensor import Tensor, default_device
+    from max.graph import DeviceRef, TensorType
+
+    f, k, m = 32, 64, 40
+    config = K.NVFP4LayerConfig(2 * f, k, DType.float32, "cpu", "", gated=True)
+    assert config.out_features == f
+
+    packed, scale_bits = random_nvfp4(2 * f, k)
+    weights = {"weight": L.interleave_gate_up(packed), "weight_scale": L.interleave_gate_up(scale_bits),
+               "weight_scale_2": torch.tensor([0.05])}  # fmt: skip
+    with default_device(CPU()):
+        module = _cpu_dispatched(config)
+    run = module.compile(TensorType(DType.float32, [m, k], DeviceRef.CPU()), weights=weights)
+    x = torch.randn(m, k)
+    y = torch.from_dlpack(run(Tensor.from_dlpack(x))).double()
+    gate, up = (x.double() @ reference_weight(packed, scale_bits, 0.05).T).split(f, dim=1)
+    assert y.shape == (m, f)
+    assert rel_err(y, gelu_tanh(gate) * up) < 1e-5
+
+
+def test_interleave_gate_up_puts_each_outputs_gate_and_up_in_one_tile() -> None:
+    """Output r's gate row sits at 16 (r // 8) + r % 8 and its up row 8 below,
+    for any trailing dims (codes and scales alike); a row count that is not
+    whole 16-row tiles is refused."""
+    f = 24
+    rows = torch.arange(2 * f * 3).view(2 * f, 3)
+    out = L.interleave_gate_up(rows)
+    for r in range(f):
+        tile_row = 16 * (r // 8) + r % 8
+        assert torch.equal(out[tile_row], rows[r]) and torch.equal(out[tile_row + 8], rows[f + r])
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        L.interleave_gate_up(torch.zeros(40, 2))
+
+
+def _gate_up_for_device(config, device, activation: str, members=("gate_proj", "up_proj"), per_row_scale=False):
+    """runtime.for_device on one NVFP4 gate|up part [2F, K] of random bytes."""
+    from attnquant.graph import runtime
+    from attnquant.plan import PartPlan
+
+    f, k = 32, 128
+    packed, scale_bits = random_nvfp4(2 * f, k, seed=3)
+    name = "model.layers.0.mlp.gate_up_proj"
+    state = {f"{name}.weight": packed, f"{name}.weight_scale": scale_bits, f"{name}.weight_scale_2": torch.ones(1)}
+    part = PartPlan("nvfp4", members, (f, f), k, per_row_scale=per_row_scale)
+    plan = runtime.for_device(state, {name: (part,)}, config, dtype=DType.bfloat16, device=device,
+                              graph_capture=True, mlp_activation=activation)  # fmt: skip
+    return plan[name][0], state[f"{name}.weight"], (packed, scale_bits)
+
+
+@pytest.mark.parametrize(
+    "change, activation, device, gated, reason",
+    [
+        ({}, "gelu_tanh", "sm_90a", True, "applies gelu_tanh(gate) * up in the GEMV's epilogue"),
+        ({}, "gelu_pytorch_tanh", "sm_90a", True, "epilogue"),
+        ({"gated_gemv": False}, "gelu_tanh", "sm_90a", False, "ATTNQUANT_GATED_GEMV=0"),
+        ({}, "silu", "sm_90a", False, "activation 'silu' is not the kernels'"),
+        ({}, "", "sm_90a", False, "activation '(unknown)'"),
+        ({}, "gelu_tanh", "cpu", False, "graph-dequant has no gated epilogue"),
+    ],
+)
+def test_gate_up_is_gated_in_the_kernel_where_it_can_be_and_the_log_says_why(
+    change: dict, activation: str, device: str, gated: bool, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from types import SimpleNamespace
+
+    from max.driver import CPU
+
+    from attnquant.config import AttnQuantConfig
+    from attnquant.graph import runtime
+
+    runtime._log_gating.cache_clear()
+    config = dataclasses.replace(AttnQuantConfig(quant="nvfp4", gated_gemv=True), **change)
+    dev = CPU() if device == "cpu" else SimpleNamespace(api="cuda", architecture_name=device)
+    with caplog.at_level(logging.INFO, logger=runtime.logger.name):
+        part, stored, (packed, scale_bits) = _gate_up_for_device(config, dev, activation)
+    assert part.gated is gated
+    lines = [r.getMessage() for r in caplog.records if "gate|up [64, 128]" in r.getMessage()]
+    assert len(lines) == 1 and reason in lines[0], lines
+    if device == "sm_90a":  # the bytes the kernel reads: interleaved only when gated
+        rows = (L.interleave_gate_up(packed), L.interleave_gate_up(scale_bits)) if gated else (packed, scale_bits)
+        assert torch.equal(stored, L.prepare_weights(*rows)[0])
+
+
+def test_only_a_whole_gate_up_with_one_global_scale_is_gated() -> None:
+    """A part holding up alone (gate_proj left unquantized) or fused members
+    with different global scales keeps the activation after the matmul."""
+    from types import SimpleNamespace
+
+    from attnquant.config import AttnQuantConfig
+
+    config, dev = AttnQuantConfig(quant="nvfp4", gated_gemv=True), SimpleNamespace(api="cuda", architecture_name="sm_90a")
+    assert _gate_up_for_device(config, dev, "gelu_tanh")[0].gated
+    assert not _gate_up_for_device(config, dev, "gelu_tanh", per_row_scale=True)[0].gated
+    assert not _gate_up_for_device(config, dev, "gelu_tanh", members=("up_proj", "down_proj"))[0].gated
 
 
 def test_gemv_only_skips_the_m_branch() -> None:

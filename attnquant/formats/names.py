@@ -27,10 +27,13 @@ class FusedGroup:
     members: tuple[str, ...]
 
 
+GATE_UP_MEMBERS = ("gate_proj", "up_proj")
+"""The gated MLP's pair, in output order: ``act(gate(x)) * up(x)``."""
+
 FUSED_GROUPS: tuple[FusedGroup, ...] = (
     FusedGroup("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
     FusedGroup("self_attn", "o_proj", ("o_proj",)),
-    FusedGroup("mlp", "gate_up_proj", ("gate_proj", "up_proj")),
+    FusedGroup("mlp", "gate_up_proj", GATE_UP_MEMBERS),
     FusedGroup("mlp", "down_proj", ("down_proj",)),
 )
 """Every projection belongs to exactly one group, in output order."""

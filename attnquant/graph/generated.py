@@ -28,9 +28,9 @@ from max.experimental.tensor import Tensor
 
 from attnquant.graph.matmul import is_static_dim
 from attnquant.graph.ops import rowwise_op
-from kernels import MAX_GENERATED_RANK
+from kernels import GELU_TANH_NAMES, MAX_GENERATED_RANK
 
-MLP_ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
+MLP_ACTIVATIONS = GELU_TANH_NAMES
 """Activation names (Hugging Face config spelling) generated_mlp implements."""
 
 _GEMM_HINT = "use the GEMM formulation (ATTNQUANT_GEMM=1) or ATTNQUANT_RANK<=64"

@@ -34,7 +34,8 @@ class DenseProjection(Module[[Tensor], Tensor]):
 
 
 class NVFP4Projection(Module[[Tensor], Tensor]):
-    """``x @ dequant(W).T`` with W kept packed, read by the backend the plan names."""
+    """``x @ dequant(W).T`` with W kept packed, read by the backend the plan
+    names; a gated gate|up part (``PartPlan.gated``) gives ``gelu_tanh(gate) * up``."""
 
     def __init__(self, part: PartPlan) -> None:
         super().__init__()
@@ -44,6 +45,7 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
         self.gemv_only = part.gemv_only
         self.kernel_params = part.kernel_params
         self.per_row_scale = part.per_row_scale
+        self.gated = part.gated
         packed_shape, scale_shape = self.backend.layout.shapes(n, k)
         self.weight = Tensor.zeros(packed_shape, dtype=DType.uint8)
         self.weight_scale = Tensor.zeros(scale_shape, dtype=self.backend.layout.scale_dtype)
@@ -53,7 +55,7 @@ class NVFP4Projection(Module[[Tensor], Tensor]):
     def _linear(self, x: Tensor, global_scale: Tensor) -> Tensor:
         config = nvfp4.NVFP4LayerConfig(
             self.out_features, self.in_features, x.dtype, str(x.device.api), device_arch(x.device),
-            gemv_only=self.gemv_only, padding=self.padding, kernel_params=self.kernel_params,
+            gemv_only=self.gemv_only, padding=self.padding, kernel_params=self.kernel_params, gated=self.gated,
         )  # fmt: skip
         return nvfp4.apply(self.backend, x, (self.weight, self.weight_scale, global_scale), config)
 

@@ -7,6 +7,8 @@ records them in the plan, so the graph modules decide nothing again:
 
 * each NVFP4 part's backend (``attnquant.graph.nvfp4.choose_backend``),
   with its bytes re-laid out for that backend's kernel;
+* whether an NVFP4 gate|up applies the MLP's activation in its kernel's
+  epilogue (``ATTNQUANT_GATED_GEMV``; its rows are then interleaved);
 * how our MAX matmuls pad their token rows (``attnquant.max_compat.row_padding``).
 """
 
@@ -22,9 +24,12 @@ from max.driver import Device
 from max.dtype import DType
 
 from attnquant.config import AttnQuantConfig, LOGGER_NAME
-from attnquant.graph.nvfp4 import GEMV_MAX_M, NVFP4LayerConfig, choose_backend
+from attnquant.formats.names import GATE_UP_MEMBERS
+from attnquant.graph.nvfp4 import GEMV_MAX_M, NVFP4Backend, NVFP4LayerConfig, choose_backend
 from attnquant.max_compat import SM90_ROW_TILE, RowPadding, device_arch, row_padding
 from attnquant.plan import PartPlan, ProjectionPlan, part_name
+from kernels import GELU_TANH_NAMES
+from kernels.sm90_layout import interleave_gate_up
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -37,12 +42,15 @@ def for_device(
     dtype: DType,
     device: Device,
     graph_capture: bool | None,
+    mlp_activation: str = "",
 ) -> ProjectionPlan:
     """The plan completed for ``device``; NVFP4 tensors in ``state_dict`` are
     replaced, in place, by their backend's layout.
 
     ``graph_capture``: whether MAX replays decode steps from a captured device
-    graph (``pipeline_config.runtime.device_graph_capture``; None: unknown).
+    graph (``pipeline_config.runtime.device_graph_capture``; None: unknown);
+    ``mlp_activation``: the MLP's activation (Hugging Face spelling; empty:
+    unknown, and no gate|up is gated).
     """
     api, arch = str(device.api), device_arch(device)
     padding = row_padding(config.row_padding, dtype, api, arch, graph_capture)
@@ -50,7 +58,8 @@ def for_device(
     converted: ProjectionPlan = {}
     for group, parts in plan.items():
         converted[group] = tuple(
-            _for_device(state_dict, part_name(group, i, len(parts)), part, config, dtype, api, arch, padding)
+            _for_device(state_dict, part_name(group, i, len(parts)), part, config, dtype, api, arch, padding,
+                        mlp_activation)
             for i, part in enumerate(parts)
         )
     if any(part.kind == "nvfp4" for parts in converted.values() for part in parts):
@@ -69,6 +78,7 @@ def _for_device(
     api: str,
     arch: str,
     padding: RowPadding,
+    mlp_activation: str,
 ) -> PartPlan:
     part = dataclasses.replace(part, row_padding=padding.value)
     if part.kind != "nvfp4":
@@ -79,10 +89,36 @@ def _for_device(
         sm90_variant=config.sm90_variant, sm100_input_scale=config.sm100_input_scale,
     )  # fmt: skip
     backend = choose_backend(layer)
-    packed, scales = backend.prepare_weights(state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"])
+    packed, scales = state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"]
+    gated = False
+    if part.members == GATE_UP_MEMBERS:
+        gated, why = _gating(part, layer, backend, config, mlp_activation)
+        _log_gating(layer.n, layer.k, gated, why)
+        if gated:
+            packed, scales = interleave_gate_up(packed), interleave_gate_up(scales)
+    packed, scales = backend.prepare_weights(packed, scales)
     state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"] = packed, scales
     params, _ = backend.kernel_parameters(layer)
-    return dataclasses.replace(part, backend=backend.name, gemv_only=gemv_only, kernel_params=params)
+    return dataclasses.replace(part, backend=backend.name, gemv_only=gemv_only, kernel_params=params, gated=gated)
+
+
+def _gating(
+    part: PartPlan, layer: NVFP4LayerConfig, backend: type[NVFP4Backend], config: AttnQuantConfig, activation: str
+) -> tuple[bool, str]:
+    """Whether this gate|up part applies the MLP's activation in its kernel, and why."""
+    if not config.gated_gemv:
+        return False, "ATTNQUANT_GATED_GEMV=0"
+    if activation not in GELU_TANH_NAMES:
+        return False, f"the MLP's activation {activation or '(unknown)'!r} is not the kernels' {GELU_TANH_NAMES}"
+    if part.per_row_scale:
+        return False, "gate and up have different global scales (applied after the matmul)"
+    return backend.gated_epilogue(dataclasses.replace(layer, gated=True))
+
+
+@functools.lru_cache(maxsize=None)
+def _log_gating(n: int, k: int, gated: bool, why: str) -> None:
+    how = "gated in the kernel" if gated else "activation after the matmul"
+    logger.info("attnquant: NVFP4 gate|up [%d, %d]: %s (%s)", n, k, how, why)
 
 
 def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | None) -> str | None:

@@ -4,7 +4,8 @@
 #   mojo build -I kernels --target-accelerator sm_90a --emit asm -o /tmp/h.s \
 #       bench/checks/nvfp4_ops_gpu_harness.mojo
 # Every variant of attnquant.nvfp4_gemv_sm90 (-1, 0-8) and every cluster
-# split (1, 2, 4) of the split-K variants is instantiated: tests/test_nvfp4_kernel.py
+# split (1, 2, 4) of the split-K variants is instantiated, and the gated form
+# of variants 0, 1, 2, 3 and 5: tests/test_nvfp4_kernel.py
 # checks the PTX (and assembles it with ptxas where one is installed).
 from max.gpu.host import DeviceContext
 from extensibility import InputTensor, OutputTensor
@@ -33,6 +34,10 @@ def main() raises:
         # A measured pair: one kernel for M <= 8, another above (no new kernels).
         NVFP4GemvSM90.execute["gpu", 0, 10, 1, False, 2, 16](y, x, c, s, g, ctx)
         NVFP4GemvSM90.execute["gpu", 3, 2, 1, False, 1, 0](y, x, c, s, g, ctx)
+        # Gated (an MLP's gate|up, gelu_tanh(gate) * up stored): the kernels gate|up shapes run.
+        NVFP4GemvSM90.execute["gpu", -1, 0, 0, False, -1, 0, True](y, x, c, s, g, ctx)
+        NVFP4GemvSM90.execute["gpu", 0, 0, 0, False, 2, 0, True](y, x, c, s, g, ctx)
+        NVFP4GemvSM90.execute["gpu", 3, 2, 1, False, 5, 2, True](y, x, c, s, g, ctx)
         NVFP4DequantSM90.execute["gpu"](y, c, s, g, ctx)
         NVFP4Matmul.execute["gpu"](y, x, c, s, g, ctx)
         NVFP4Dequant.execute["gpu"](y, c, s, g, ctx)

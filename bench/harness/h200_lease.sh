@@ -41,26 +41,30 @@
 #      instead, which MAX 26.7 cannot compile on sm_90), c=1 and c=8, one image request
 #      each (--image);
 #   "tuned" (after padding): ours NVFP4 + capture at the 1B geometry (the GEMV kernels
-#      SM90_TUNED picks per shape and range of M; decoder layers as shared subgraphs, the default)
-#      against the same with every layer inlined (ATTNQUANT_LAYER_SUBGRAPHS=cpu: what
-#      the subgraph calls cost per step), beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
+#      SM90_TUNED picks per shape and range of M) against the same with gate|up gated in
+#      its GEMV's epilogue (ATTNQUANT_GATED_GEMV=1: what the gated epilogue saves per step),
+#      beside ours bf16 + capture (and SM90_CELL's forced variant, as in padding),
 #      c=1 and c=16 (where the table's kernels for 9-16 rows act);
-#      while those compile, sm90_tuned_h200.py checks every entry through MAX (TUNED_ALSO:
-#      candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
+#      while those compile, sm90_tuned_h200.py checks every entry and the gated gate|up
+#      layers through MAX (TUNED_ALSO: candidates in place of one range's kernel, e.g. "640x1024:wide=2:8");
+#   "gatedkernels": first thing, on the idle card (no MAX needed; bench/ptx carried):
+#      bench/kernel_timing/gated_h200.py, the gated GEMV kernels against float64 and timed
+#      against the ungated kernel + an elementwise gelu*up;
 #   "g4tpot": Gemma 4 at the 31B geometry (G4_TPOT_LAYERS, 30: the layers its TPOT has
 #      always been timed at), ours NVFP4 + capture against ours bf16 without capture
 #      (MAX's own Gemma 4 does not compile on sm_90), and with the NVFP4 output head
-#      (the bf16 head is ~2.8 GB of the ~13 read per token), c=1;
+#      (the bf16 head is ~2.8 GB of the ~13 read per token), c=1; G4_TPOT_HEAD_ONLY: NVFP4
+#      with the NVFP4 head only (no bf16-head cell: 35 GiB less, room for "tuned" beside it);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
 # MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.
-# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers; with fewer, the inlined server compiles faster), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -159,7 +163,7 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_LAYER_SUBGRAPHS=cpu${MM}=8" \
+    --max-batch-size 16 --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1${MM}=8" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
@@ -167,9 +171,10 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
 }
 
 g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf16 45.2 (30 layers)
+  local bf16_head=("attnquant-nvfp4:on+ARENA_GIB=35"); [ -n "${G4_TPOT_HEAD_ONLY:-}" ] && bf16_head=()
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 \
-    --cells "attnquant-nvfp4:on+ARENA_GIB=35" "attnquant-bf16:off+ARENA_GIB=53" \
+    --cells "${bf16_head[@]}" "attnquant-bf16:off+ARENA_GIB=53" \
     "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" \
     --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
@@ -185,7 +190,15 @@ big4b() {  # 24 + 28 GiB
 run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B; C verify, quantize
   mkdir -p "$WORK"
   nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv > "$WORK/gpu.txt"
+  # MAX builds its Mojo import cache on first import; servers started seconds apart on a
+  # fresh install raced for it ("kv_cache_ops...so: file too short"): build it once here.
+  python3 -c "import max.nn.kv_cache" > "$WORK/max-import.txt" 2>&1
   if wants cachecheck; then say "cachecheck"; cachecheck > "$WORK/cachecheck.txt" 2>&1; say "cachecheck done"; fi
+  if wants gatedkernels; then  # first, on the idle card: the servers below wait for the lock to time
+    say "gatedkernels"; ( flock "$LOCK" timeout 300 python3 "$HERE/../kernel_timing/gated_h200.py" \
+      > "$WORK/gated-kernels.txt" 2>&1; say "gatedkernels done" ) &
+    sleep 5
+  fi
   if wants invariance || wants padding || wants tuned || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big || wants big4b; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
@@ -244,7 +257,7 @@ collect() {  # at most 8 files come back
   cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
   cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned-check.txt" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
-  cat "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
+  cat "$WORK"/gated-kernels.txt "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
   cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl "$WORK/g4-tpot.txt" \
     "$WORK/g4-tpot/results.jsonl" > "$OUT/big.txt" 2>/dev/null

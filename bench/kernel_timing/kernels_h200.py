@@ -155,6 +155,17 @@ VARIANTS = {
 }  # fmt: skip
 
 
+GATED = {"zv0": "gv0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
+"""Harness kernels with the gated epilogue (gelu_tanh(gate) * up of a gate|up
+interleaved by 8 rows; n = N/2) -> the kernel they gate (same launch);
+bench/kernel_timing/gated_h200.py times them. Not part of the sweep."""
+
+
+def spec(name: str) -> Variant:
+    """How to launch harness kernel ``name`` (a gated one as the kernel it gates)."""
+    return VARIANTS[GATED.get(name, name)]
+
+
 def tunable_variants() -> dict[str, int]:
     """The harness kernels one SM90_TUNED entry can name, with their op variant
     (no cluster split, no programmatic dependent launch, no diagnostics)."""
@@ -306,7 +317,7 @@ class Kernels:
             try:
                 mod = cp.RawModule(path=str(cubin if cubin.exists() else f))
                 fn = mod.get_function(entry)
-                if name in VARIANTS and VARIANTS[name].kind in ("bulk", "async"):
+                if name in {**VARIANTS, **GATED} and spec(name).kind in ("bulk", "async"):
                     fn.max_dynamic_shared_size_bytes = 160 * 1024
                 self.funcs[name] = fn
             except Exception as e:  # one variant that does not load is reported, not fatal
@@ -315,7 +326,7 @@ class Kernels:
 
     def raw(self, name: str, grid, block, args, smem: int = 0) -> None:
         cp = self.cp
-        if name in VARIANTS and VARIANTS[name].pdl:
+        if name in VARIANTS and spec(name).pdl:
             conv = [a.data_ptr() if isinstance(a, torch.Tensor) else np.int64(a) for a in args]
             fn = self.funcs[name]  # a cupy RawKernel; its .kernel is the cupy.cuda.Function (.ptr = CUfunction)
             func_ptr = int(getattr(getattr(fn, "kernel", fn), "ptr"))
@@ -326,8 +337,9 @@ class Kernels:
             self.funcs[name](grid, block, tuple(conv), shared_mem=smem)
 
     def gemv(self, name: str, y, x, codes, scales, gs, m: int, n: int, k: int, kw: int = 0) -> int:
-        """Launch like the op would (nvfp4_gemv_sm90_dispatch); returns the kw used."""
-        v = VARIANTS[name]
+        """Launch like the op would (nvfp4_gemv_sm90_dispatch); returns the kw used.
+        n: the output's columns (N/2 for a gated kernel)."""
+        v = spec(name)
         nt, kg = codes.shape[0] // 16, codes.shape[1] // 32
         args = (y, x, codes, scales, gs, m, n, k, nt, kg)
         gy = -(-m // (8 * v.mt))

@@ -170,6 +170,28 @@ def h1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: In
     nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# Gated (an MLP's gate|up, rows interleaved by 8; stores gelu_tanh(gate) * up, n = N/2):
+# the kernels the gate|up shapes run, for bench/kernel_timing/gated_h200.py.
+def zv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def za5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_async_kernel[2, 2, 4, 2, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def zg4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def zb3s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[1, 1, 4, 2, 1, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def zb5s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_bulk_kernel[2, 2, 4, 2, 1, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
 @always_inline
 def _loads_only[U: Int](y: BF, c: U8, s: U8, m: Int64, nt: Int64, kg: Int64, kw: Int64):
     """Diagnostic, not a GEMV: gv0's grid and warps and its weight loads (U
@@ -270,6 +292,11 @@ def main() raises:
         ctx.enqueue_function[f4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[fa](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[h1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zv0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[za5](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zg4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zb3s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zb5s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ld8](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ld16](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ld0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)

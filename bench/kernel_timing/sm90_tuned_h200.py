@@ -6,6 +6,12 @@ projection exactly as a served model does (the sm90 backend's
 at every M), all shapes in one MAX graph with a symbolic row count, and checks
 M = 1, 2, 3, 8 (the kernel for up to 8 rows) and 9, 12, 16 (the one above)
 against float64 on fresh inputs, output and weights drawn anew per shape.
+Also the gated gate|up layers (``ATTNQUANT_GATED_GEMV``: rows interleaved,
+``gelu_tanh(gate) * up`` in the kernel's epilogue) of the Gemma 3 270M, 1B,
+4B and 27B/31B geometries, each with the kernels its shape runs, against
+``gelu_tanh(x Wg^T) * (x Wu^T)`` in float64; one of them without
+``gemv_only``, so that M = 33 takes the large-M route (dequantize, MAX's
+matmul, the gate in MAX's ops).
 
 On the H200, after staging MAX (../shared/device/README.md):
     python3 bench/kernel_timing/sm90_tuned_h200.py
@@ -30,8 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from nvfp4_gemv_h200 import random_weights, reference_weight  # noqa: E402  (this folder)
 
-MS = (1, 2, 3, 8, 9, 12, 16)
+MS = (1, 2, 3, 8, 9, 12, 16, 33)
 TOLERANCE = 1e-2
+GATED_SHAPES = ((4096, 640), (13824, 1152), (20480, 2560), (43008, 5376))
+"""gate|up [2F, K] of Gemma 3 270M, 1B, 4B and of the 27B / Gemma 4 31B."""
+
+
+def gelu_tanh(v: torch.Tensor) -> torch.Tensor:
+    return 0.5 * v * (1 + torch.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
 
 
 def parse_also(text: str) -> tuple[tuple[int, int], str, tuple[int, int]]:
@@ -71,7 +83,7 @@ def main() -> int:
     from attnquant.graph.nvfp4.sm90 import SM90_TUNED, SM90Tuned
     from attnquant.graph.ops import custom_extensions_path
     from attnquant.max_compat import exit_after_virtual_compile
-    from kernels.sm90_layout import prepare_weights
+    from kernels.sm90_layout import interleave_gate_up, prepare_weights
 
     gpu, cpu = driver.Accelerator(), driver.CPU()
     session = InferenceSession(devices=[cpu, gpu])
@@ -83,6 +95,13 @@ def main() -> int:
         config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
         params, why = backend.kernel_parameters(config)
         print(f"[{n}, {k}]: {dict(params)} ({why})", flush=True)
+        configs.append(dataclasses.replace(config, kernel_params=params))
+    for i, (n, k) in enumerate(GATED_SHAPES):
+        config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=i > 0, gated=True)
+        ok, why = backend.gated_epilogue(config)
+        assert ok, why
+        params, why = backend.kernel_parameters(config)
+        print(f"gated [{n}, {k}]{'' if config.gemv_only else ' (large-M route above 16 rows)'}: {dict(params)}")
         configs.append(dataclasses.replace(config, kernel_params=params))
 
     def forward(*inputs):
@@ -107,7 +126,10 @@ def main() -> int:
     weights, refs = [], []
     for c in configs:
         packed, scale_bits = random_weights(c.n, c.k, gen)
-        codes, scales = prepare_weights(packed, scale_bits)
+        if c.gated:
+            codes, scales = prepare_weights(interleave_gate_up(packed), interleave_gate_up(scale_bits))
+        else:
+            codes, scales = prepare_weights(packed, scale_bits)
         weights += [codes, scales]
         refs.append(reference_weight(packed, scale_bits, gs).cuda())
 
@@ -124,9 +146,12 @@ def main() -> int:
         for c, x, ref_w, y in zip(configs, xs, refs, outs):
             got = torch.from_dlpack(y.driver_tensor.to(cpu) if hasattr(y, "driver_tensor") else y.to(cpu)).double()
             ref = (x.double().cuda() @ ref_w.T).cpu()
+            if c.gated:
+                gate, up = ref.split(c.n // 2, dim=1)
+                ref = gelu_tanh(gate) * up
             err = float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
             worst = max(worst, err)
-            print(f"[{c.n}, {c.k}] M={m}: rel err {err:.2e}", flush=True)
+            print(f"{'gated ' if c.gated else ''}[{c.n}, {c.k}] M={m}: rel err {err:.2e}", flush=True)
     ok = worst <= TOLERANCE
     print(f"RESULT {'OK' if ok else 'FAIL'}: worst rel err {worst:.2e} over {len(configs)} shapes x M {MS}")
     return 0 if ok else 1

@@ -164,7 +164,10 @@ struct NVFP4GemvSM90:
     cluster along K, 1/2/4; 0 = pick), pdl (variants 3-6, 8: programmatic
     dependent launch, weights fetched before waiting on the previous kernel),
     wide_variant and wide_kw (for M > 8: a kernel measured faster there than
-    the one `variant` names for M <= 8; -1 = as `variant` and `kw`)."""
+    the one `variant` names for M <= 8; -1 = as `variant` and `kw`), gated
+    (the weight is an MLP's gate|up with rows interleaved in blocks of 8
+    by kernels/sm90_layout.py's interleave_gate_up: y[M, N/2] is
+    gelu_tanh(gate) * up, computed in the kernel's epilogue)."""
 
     @staticmethod
     def execute[
@@ -175,6 +178,7 @@ struct NVFP4GemvSM90:
         pdl: Bool = False,
         wide_variant: Int = -1,
         wide_kw: Int = 0,
+        gated: Bool = False,
     ](
         y: OutputTensor[dtype=DType.bfloat16, rank=2, ...],
         x: InputTensor[dtype=DType.bfloat16, rank=2, ...],
@@ -185,9 +189,9 @@ struct NVFP4GemvSM90:
     ) raises:
         var m = x.dim_size(0)
         var k = x.dim_size(1)
-        var n = y.dim_size(1)
+        var n = y.dim_size(1) * (2 if gated else 1)  # weight rows
         if y.dim_size(0) != m:
-            raise Error("nvfp4_gemv_sm90: output must be [M, N]")
+            raise Error("nvfp4_gemv_sm90: output must be [M, N] ([M, N/2] gated)")
         _check_prepared(
             n, k, codes.dim_size(0), codes.dim_size(1), scales.dim_size(0), scales.dim_size(1)
         )
@@ -197,14 +201,14 @@ struct NVFP4GemvSM90:
 
             @parameter
             def run[v: Int](kw_: Int) raises:
-                nvfp4_gemv_sm90_dispatch[v, pdl](
+                nvfp4_gemv_sm90_dispatch[v, pdl, gated](
                     y.unsafe_ptr(),
                     x.unsafe_ptr(),
                     codes.unsafe_ptr(),
                     scales.unsafe_ptr(),
                     global_scale.unsafe_ptr(),
                     m,
-                    n,
+                    y.dim_size(1),
                     k,
                     codes.dim_size(0) // 16,
                     codes.dim_size(1) // 32,

@@ -43,7 +43,7 @@
 # and are released stream-ordered when they go out of scope, as MAX's own
 # split-K attention kernels do.
 
-from std.math import ceildiv, exp
+from std.math import ceildiv
 from std.memory import stack_allocation
 from std.sys import size_of
 
@@ -53,6 +53,8 @@ from max.gpu.host import DeviceContext
 from max.gpu.memory import AddressSpace
 from max.gpu.primitives.warp import sum as warp_sum
 
+from .activation import gelu_tanh
+
 comptime MAX_GENERATED_RANK = 64
 
 comptime _F32 = DType.float32
@@ -61,19 +63,6 @@ comptime _F32 = DType.float32
 # passed for two arguments (the non-DUAL calls pass theta a twice).
 comptime RPtr[dt: DType] = Pointer[Scalar[dt], ImmutAnyOrigin]
 comptime WPtr[dt: DType] = Pointer[Scalar[dt], MutAnyOrigin]
-
-
-@always_inline
-def gelu_tanh(x: Float32) -> Float32:
-    """GELU, tanh approximation (Gemma's hidden_activation gelu_pytorch_tanh).
-
-    tanh(z) = 1 - 2 / (exp(2z) + 1): std.math.tanh lowers to tanh.approx.f32
-    on NVIDIA (relative error ~2^-11); exp is accurate to a few ulp, and the
-    formula saturates correctly (exp -> inf gives 1, exp -> 0 gives -1)."""
-    comptime c = Float32(0.7978845608028654)  # sqrt(2 / pi)
-    var z = c * (x + Float32(0.044715) * x * x * x)
-    var th = Float32(1.0) - Float32(2.0) / (exp(Float32(2.0) * z) + Float32(1.0))
-    return Float32(0.5) * x * (Float32(1.0) + th)
 
 
 def check_theta(

@@ -45,6 +45,7 @@ from .nvfp4_matmul import (
     _mma_bf16,
     _pick_kw,
     _scale_pair,
+    _store_fragment,
 )
 
 comptime _CODE = 512  # code bytes per tile (16 rows x 64 k)
@@ -180,7 +181,7 @@ def _pdl_wait():
 
 @always_inline
 def _reduce_store[
-    TN: Int, MT: Int, SK: Int
+    TN: Int, MT: Int, SK: Int, GATED: Bool
 ](
     acc: Array[SIMD[DType.float32, 4], TN * MT],
     red_addr: UInt32,
@@ -234,14 +235,7 @@ def _reduce_store[
     var q = lane % 4
     comptime for tn in range(TN):
         comptime for mt in range(MT):
-            var c = total[tn * MT + mt] * factor
-            var row0 = (nt0 + tn) * 16 + g
-            var col0 = mbase + 8 * mt + 2 * q
-            comptime for e in range(4):
-                var row = row0 + 8 * (e // 2)
-                var col = col0 + (e % 2)
-                if row < nn and col < m:
-                    y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+            _store_fragment[GATED](y, total[tn * MT + mt] * factor, nt0 + tn, g, mbase + 8 * mt + 2 * q, m, nn)
 
 
 @always_inline
@@ -280,7 +274,7 @@ def _red_offset[MT: Int, TN: Int, STAGES: Int, G: Int](kw: Int) -> Int:
 
 @always_inline
 def _bulk_body[
-    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False
+    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -437,13 +431,13 @@ def _bulk_body[
     comptime for i in range(TN * MT):
         comptime for a in range(ACC):
             acc[i] += accs[i * ACC + a]
-    _reduce_store[TN, MT, SK](
+    _reduce_store[TN, MT, SK, GATED](
         acc, base + UInt32(red_off), red, y, factor, warp, lane, nkw, nt0, mbase, m, Int(n_rows)
     )
 
 
 def nvfp4_gemv_sm90_bulk_kernel[
-    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, PDL: Bool = False
+    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, PDL: Bool = False, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -462,14 +456,14 @@ def nvfp4_gemv_sm90_bulk_kernel[
     own bulk-copy ring. Needs sm_90 (cp.async.bulk, mbarrier tx-count).
     PDL: the weight ring fills before griddepcontrol.wait (programmatic
     dependent launch overlaps it with the previous kernel's tail)."""
-    _bulk_body[MT, TN, STAGES, G, ACC, 1, PDL](
+    _bulk_body[MT, TN, STAGES, G, ACC, 1, PDL, GATED](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw
     )
 
 
 @__llvm_metadata(`nvvm.cluster_dim`=StaticTuple[Int32, 3](1, 1, Int32(SK)))
 def nvfp4_gemv_sm90_bulk_splitk_kernel[
-    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False
+    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -484,7 +478,7 @@ def nvfp4_gemv_sm90_bulk_splitk_kernel[
     kw: Int64,
 ):
     """The bulk kernel split over K by a (1, 1, SK) cluster: grid.z = SK."""
-    _bulk_body[MT, TN, STAGES, G, ACC, SK, PDL](
+    _bulk_body[MT, TN, STAGES, G, ACC, SK, PDL, GATED](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw
     )
 
@@ -496,7 +490,7 @@ def nvfp4_gemv_sm90_bulk_splitk_kernel[
 
 @always_inline
 def _reg_body[
-    MT: Int, U: Int, ACC: Int, SK: Int, KW_MAX: Int
+    MT: Int, U: Int, ACC: Int, SK: Int, KW_MAX: Int, GATED: Bool
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -552,13 +546,13 @@ def _reg_body[
         comptime for a in range(ACC):
             acc[i] += accs[i * ACC + a]
     var red = stack_allocation[KW_MAX * MT * 128, Float32, address_space=AddressSpace.SHARED]()
-    _reduce_store[1, MT, SK](
+    _reduce_store[1, MT, SK, GATED](
         acc, UInt32(Int(red)), red, y, factor, warp, lane, nkw, nt0, mbase, m, Int(n_rows)
     )
 
 
 def nvfp4_gemv_sm90_reg_kernel[
-    MT: Int, U: Int, ACC: Int
+    MT: Int, U: Int, ACC: Int, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -572,12 +566,12 @@ def nvfp4_gemv_sm90_reg_kernel[
     k_groups: Int64,
     kw: Int64,
 ):
-    _reg_body[MT, U, ACC, 1, 16](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
+    _reg_body[MT, U, ACC, 1, 16, GATED](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
 
 
 @__llvm_metadata(`nvvm.cluster_dim`=StaticTuple[Int32, 3](1, 1, Int32(SK)))
 def nvfp4_gemv_sm90_reg_splitk_kernel[
-    MT: Int, U: Int, ACC: Int, SK: Int
+    MT: Int, U: Int, ACC: Int, SK: Int, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -591,7 +585,7 @@ def nvfp4_gemv_sm90_reg_splitk_kernel[
     k_groups: Int64,
     kw: Int64,
 ):
-    _reg_body[MT, U, ACC, SK, 16](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
+    _reg_body[MT, U, ACC, SK, 16, GATED](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
 
 
 # ===----------------------------------------------------------------------=== #
@@ -629,7 +623,7 @@ def _pdl_attributes[PDL: Bool]() -> List[LaunchAttribute]:
 
 
 def _launch_bulk[
-    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False
+    MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False, GATED: Bool = False
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -648,7 +642,7 @@ def _launch_bulk[
     var kw_ = max(min(kw, 16, k_groups // SK), 1)
     var smem = bulk_smem_bytes[MT, TN, STAGES, G](kw_)
     comptime if SK == 1:
-        ctx.enqueue_function[nvfp4_gemv_sm90_bulk_kernel[MT, TN, STAGES, G, ACC, PDL]](
+        ctx.enqueue_function[nvfp4_gemv_sm90_bulk_kernel[MT, TN, STAGES, G, ACC, PDL, GATED]](
             y, x, codes, scales, global_scale,
             Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
             grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
@@ -658,7 +652,7 @@ def _launch_bulk[
             func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(smem)),
         )  # fmt: skip
     else:
-        ctx.enqueue_function[nvfp4_gemv_sm90_bulk_splitk_kernel[MT, TN, STAGES, G, ACC, SK, PDL]](
+        ctx.enqueue_function[nvfp4_gemv_sm90_bulk_splitk_kernel[MT, TN, STAGES, G, ACC, SK, PDL, GATED]](
             y, x, codes, scales, global_scale,
             Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
             grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT), SK),
@@ -671,7 +665,7 @@ def _launch_bulk[
 
 
 def _launch_reg[
-    MT: Int, U: Int, ACC: Int, SK: Int
+    MT: Int, U: Int, ACC: Int, SK: Int, GATED: Bool = False
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -688,14 +682,14 @@ def _launch_reg[
 ) raises:
     var kw_ = max(min(kw, 16, k_groups // SK), 1)
     comptime if SK == 1:
-        ctx.enqueue_function[nvfp4_gemv_sm90_reg_kernel[MT, U, ACC]](
+        ctx.enqueue_function[nvfp4_gemv_sm90_reg_kernel[MT, U, ACC, GATED]](
             y, x, codes, scales, global_scale,
             Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
             grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT)),
             block_dim=kw_ * 32,
         )  # fmt: skip
     else:
-        ctx.enqueue_function[nvfp4_gemv_sm90_reg_splitk_kernel[MT, U, ACC, SK]](
+        ctx.enqueue_function[nvfp4_gemv_sm90_reg_splitk_kernel[MT, U, ACC, SK, GATED]](
             y, x, codes, scales, global_scale,
             Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
             grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT), SK),
@@ -721,6 +715,8 @@ def _launch_reg[
 # overlap the previous kernel when that kernel triggers early. `kw`:
 # warps along K per block; 0 = pick. Variants 3-8 need sm_90 (bulk copies,
 # clusters). Any M is correct: rows past 8*MT run as further grid rows.
+# `gated`: every variant's epilogue stores gelu_tanh(gate) * up of a gate|up
+# weight interleaved by 8 rows (_store_fragment); n_rows is then N/2.
 comptime SM90_VARIANTS = 9
 
 
@@ -738,7 +734,7 @@ def _sk_dispatch[
 
 
 def nvfp4_gemv_sm90_dispatch[
-    variant: Int, pdl: Bool = False
+    variant: Int, pdl: Bool = False, gated: Bool = False
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -758,23 +754,23 @@ def nvfp4_gemv_sm90_dispatch[
         return
     comptime if variant < 0:
         if m_rows <= 8:
-            _launch_gemv[1, 1, 1, 16, 4, 1](
+            _launch_gemv[1, 1, 1, 16, 4, 1, gated](
                 y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
             )  # fmt: skip
         else:
-            _launch_async[2, 2, 4, 2](
+            _launch_async[2, 2, 4, 2, gated](
                 y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
             )  # fmt: skip
     elif variant == 0:
-        _launch_gemv[1, 1, 1, 16, 4, 1](
+        _launch_gemv[1, 1, 1, 16, 4, 1, gated](
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant == 1:
-        _launch_async[2, 2, 4, 2](
+        _launch_async[2, 2, 4, 2, gated](
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant == 2:
-        _launch_gemv[2, 1, 1, 16, 4, 2](
+        _launch_gemv[2, 1, 1, 16, 4, 2, gated](
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant >= 3 and variant <= 8:
@@ -790,11 +786,11 @@ def nvfp4_gemv_sm90_dispatch[
         @parameter
         def launch[SK: Int](kw_: Int) raises:
             comptime if variant == 7:
-                _launch_reg[1, 4, 1, SK](
+                _launch_reg[1, 4, 1, SK, gated](
                     y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_, ctx
                 )  # fmt: skip
             else:
-                _launch_bulk[MT, TN, STAGES, G, 1, SK, pdl](
+                _launch_bulk[MT, TN, STAGES, G, 1, SK, pdl, gated](
                     y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_, ctx
                 )  # fmt: skip
 

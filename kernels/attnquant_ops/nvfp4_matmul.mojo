@@ -32,6 +32,8 @@ from max.gpu.memory import (
 from max.gpu.sync import syncwarp
 from max.gpu.primitives.warp import sum as warp_sum
 
+from .activation import gelu_tanh
+
 # ===----------------------------------------------------------------------=== #
 # Shared scalar decoders (CPU and generic GPU kernels)
 # ===----------------------------------------------------------------------=== #
@@ -392,6 +394,40 @@ def _load_x_clamped(
 
 
 @always_inline
+def _store_fragment[
+    GATED: Bool
+](
+    y: Pointer[BFloat16, MutAnyOrigin],
+    c: SIMD[DType.float32, 4],
+    nt: Int,
+    g: Int,
+    col0: Int,
+    m: Int,
+    nn: Int,
+):
+    """Stores lane (g, q)'s share of n-tile nt's 16 x 8 output fragment (c,
+    already scaled): rows g and g + 8 at token columns col0, col0 + 1 of
+    y[M, nn]. Rows >= nn (padding) and columns >= M are dropped.
+
+    GATED: the tile holds 8 gate rows (tile rows 0-7) and the up rows of the
+    same 8 outputs (rows 8-15; kernels/sm90_layout.py interleave_gate_up), so
+    the lane holds both halves of output nt * 8 + g and stores
+    gelu_tanh(gate) * up: y is the MLP's hidden state [M, N / 2]."""
+    comptime if GATED:
+        var row = nt * 8 + g
+        comptime for e in range(2):
+            var col = col0 + e
+            if row < nn and col < m:
+                y.unsafe_store(col * nn + row, (gelu_tanh(c[e]) * c[e + 2]).cast[DType.bfloat16]())
+    else:
+        comptime for e in range(4):
+            var row = nt * 16 + g + 8 * (e // 2)
+            var col = col0 + (e % 2)
+            if row < nn and col < m:
+                y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+
+
+@always_inline
 def _gemv_batch[
     U: Int, TN: Int, MT: Int, ACC: Int
 ](
@@ -451,7 +487,7 @@ def _gemv_batch[
 
 
 def nvfp4_gemv_sm90_kernel[
-    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int = 1, PF: Int = 0
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int = 1, PF: Int = 0, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -558,17 +594,11 @@ def nvfp4_gemv_sm90_kernel[
                 )
             acc[i] = s
 
-    var nn = Int(n_rows)
     comptime for tn in range(TN):
         comptime for mt in range(MT):
-            var c = acc[tn * MT + mt] * factor
-            var row0 = (nt0 + tn) * 16 + g
-            var col0 = mbase + 8 * mt + 2 * q
-            comptime for e in range(4):
-                var row = row0 + 8 * (e // 2)
-                var col = col0 + (e % 2)
-                if row < nn and col < m:
-                    y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+            _store_fragment[GATED](
+                y, acc[tn * MT + mt] * factor, nt0 + tn, g, mbase + 8 * mt + 2 * q, m, Int(n_rows)
+            )
 
 
 # ---------------------------------------------------------------------------
@@ -594,7 +624,7 @@ def _cp_async_16(saddr: UInt32, src: Pointer[UInt8, ImmutAnyOrigin]):
 
 
 def nvfp4_gemv_sm90_async_kernel[
-    MT: Int, TN: Int, STAGES: Int, ACC: Int
+    MT: Int, TN: Int, STAGES: Int, ACC: Int, GATED: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -726,17 +756,11 @@ def nvfp4_gemv_sm90_async_kernel[
                 sum += red.unsafe_load[width=4, alignment=16]((j * TN * MT + r) * 128 + lane * 4)
             acc[r] = sum
 
-    var nn = Int(n_rows)
     comptime for tn in range(TN):
         comptime for mt in range(MT):
-            var c = acc[tn * MT + mt] * factor
-            var row0 = (nt0 + tn) * 16 + g
-            var col0 = mbase + 8 * mt + 2 * q
-            comptime for e in range(4):
-                var row = row0 + 8 * (e // 2)
-                var col = col0 + (e % 2)
-                if row < nn and col < m:
-                    y.unsafe_store(col * nn + row, c[e].cast[DType.bfloat16]())
+            _store_fragment[GATED](
+                y, acc[tn * MT + mt] * factor, nt0 + tn, g, mbase + 8 * mt + 2 * q, m, Int(n_rows)
+            )
 
 
 def sm90_async_smem_bytes(kw: Int, mt: Int, tn: Int, stages: Int) -> Int:
@@ -823,7 +847,7 @@ def _pick_kw(blocks: Int, k_groups: Int, target_warps: Int) -> Int:
 
 
 def _launch_gemv[
-    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int, GATED: Bool = False
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -841,7 +865,7 @@ def _launch_gemv[
     var blocks_n = ceildiv(n_tiles, NW * TN)
     var kw = kw_override if kw_override > 0 else _pick_kw(blocks_n * NW, k_groups, 2560)
     kw = min(kw, KW_MAX)
-    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U, ACC]](
+    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U, ACC, 0, GATED]](
         y,
         x,
         codes,
@@ -859,7 +883,7 @@ def _launch_gemv[
 
 
 def _launch_async[
-    MT: Int, TN: Int, STAGES: Int, ACC: Int
+    MT: Int, TN: Int, STAGES: Int, ACC: Int, GATED: Bool = False
 ](
     y: Pointer[mut=True, BFloat16, _],
     x: Pointer[BFloat16, _],
@@ -878,7 +902,7 @@ def _launch_async[
     var kw = kw_override if kw_override > 0 else _pick_kw(blocks_n, k_groups, 1280)
     kw = min(kw, 16)
     var smem = sm90_async_smem_bytes(kw, MT, TN, STAGES)
-    ctx.enqueue_function[nvfp4_gemv_sm90_async_kernel[MT, TN, STAGES, ACC]](
+    ctx.enqueue_function[nvfp4_gemv_sm90_async_kernel[MT, TN, STAGES, ACC, GATED]](
         y,
         x,
         codes,

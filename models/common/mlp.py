@@ -14,7 +14,9 @@ from attnquant.plan import GENERATED_MLP, PartPlan
 
 
 class ProjectedMLP(Module[[Tensor], Tensor]):
-    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul."""
+    """``down(act(gate(x)) * up(x))`` with gate and up in one matmul; a gated
+    gate|up part (``PartPlan.gated``: NVFP4 on Hopper) applies the activation
+    and the product itself."""
 
     def __init__(
         self,
@@ -26,9 +28,12 @@ class ProjectedMLP(Module[[Tensor], Tensor]):
         self.gate_up_proj = build_projection(gate_up)
         self.down_proj = build_projection(down)
         self.feed_forward_length = down[0].in_dim
+        self.gated = len(gate_up) == 1 and gate_up[0].gated
         self.activation = activation_function_from_name(activation)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            return self.down_proj(self.gate_up_proj(x))
         n = self.feed_forward_length
         gate, up = F.split(self.gate_up_proj(x), [n, n], axis=-1)
         return self.down_proj(F.mul(self.activation(gate), up))

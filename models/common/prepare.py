@@ -88,10 +88,12 @@ def prepare_for_device(
     graph_capture: bool | None,
     head: OutputHead,
     stream: ResidualStream,
+    mlp_activation: str,
 ) -> pipeline.PreparedWeights:
     """The load pipeline's weights and plan, converted for ``device``.
 
     ``graph_capture``: ``pipeline_config.runtime.device_graph_capture``;
+    ``mlp_activation``: the text config's ``hidden_activation``;
     ``head``: where the model's output head is (the architecture computes it
     through attnquant's matmul, with the plan's ``head.group`` entry);
     ``stream``: the architecture's residual stream (``attnquant.load.importance``).
@@ -101,8 +103,9 @@ def prepare_for_device(
         dtype=dtype, device_api=str(device.api), device_id=device.id, head=head, stream=stream,
     )  # fmt: skip
     plan = runtime.for_device(
-        prepared.state_dict, prepared.plan, settings, dtype=dtype, device=device, graph_capture=graph_capture
-    )
+        prepared.state_dict, prepared.plan, settings, dtype=dtype, device=device, graph_capture=graph_capture,
+        mlp_activation=mlp_activation,
+    )  # fmt: skip
     return dataclasses.replace(prepared, plan=plan)
 
 

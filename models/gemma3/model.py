@@ -131,6 +131,7 @@ class AttnQuantGemma3Model(Gemma3Model):
             graph_capture=self.pipeline_config.runtime.device_graph_capture,
             head=output_head(model_config.tie_word_embeddings),
             stream=importance.GEMMA3,
+            mlp_activation=model_config.hidden_activation,
         )
         model_config.projection_plan = prepared.plan
         return prepared.state_dict
@@ -201,6 +202,7 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
             graph_capture=self.pipeline_config.runtime.device_graph_capture,
             head=output_head(config.text_config.tie_word_embeddings),
             stream=importance.GEMMA3,
+            mlp_activation=config.text_config.hidden_activation,
         )
         self._language_weights_dict = prepared.state_dict
         config.projection_plan = prepared.plan

@@ -66,7 +66,7 @@ def prepare_language_weights(
     prepared = prepare_for_device(
         weights, config.attnquant, weights=checkpoint, num_layers=config.text_config.num_hidden_layers,
         dtype=config.dtype, device=device, graph_capture=graph_capture, head=output_head(config),
-        stream=importance.GEMMA4,
+        stream=importance.GEMMA4, mlp_activation=config.text_config.hidden_activation,
     )  # fmt: skip
     logger.info(describe_projections(prepared.plan, config.text_config.layer_types))
     if config.vision_config is None:

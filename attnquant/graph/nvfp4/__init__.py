@@ -96,7 +96,7 @@ def apply(backend: type[NVFP4Backend], x: Tensor, weights: tuple[Tensor, Tensor,
         return backend.apply(x, *weights, config)
     lead = list(x.shape[:-1])
     y = backend.apply(F.reshape(x, [-1, config.k]), *weights, config)
-    return F.reshape(y, [*lead, config.n])
+    return F.reshape(y, [*lead, config.out_features])
 
 
 def nvfp4_linear(

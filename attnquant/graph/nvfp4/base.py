@@ -27,7 +27,7 @@ from attnquant.formats.nvfp4 import BLOCK_SIZE
 from attnquant.graph import matmul
 from attnquant.graph.ops import custom_op, rowwise_op
 from attnquant.max_compat import RowPadding
-from kernels.sm90_layout import check_modelopt_tensors, padded_shape
+from kernels.sm90_layout import TILE_N, check_modelopt_tensors, padded_shape
 
 GEMV_MAX_M = 16
 """Above this many token rows the GPU backends dequantize once and use MAX's matmul."""
@@ -75,6 +75,10 @@ class NVFP4LayerConfig:
             activation scale).
         kernel_params: the backend's kernel parameters, once chosen
             (:meth:`NVFP4Backend.kernel_parameters`, recorded in the plan).
+        gated: the weight is a gated MLP's gate|up with its rows interleaved
+            (``kernels.sm90_layout.interleave_gate_up``), and the layer gives
+            the hidden state ``gelu_tanh(gate) * up`` [M, n / 2]
+            (:meth:`NVFP4Backend.gated_epilogue`).
     """
 
     n: int
@@ -89,6 +93,12 @@ class NVFP4LayerConfig:
     sm90_variant: str = ""
     sm100_input_scale: float = 1.0
     kernel_params: tuple[tuple[str, int], ...] = ()
+    gated: bool = False
+
+    @property
+    def out_features(self) -> int:
+        """Columns of the layer's output: n, or n / 2 when gated."""
+        return self.n // 2 if self.gated else self.n
 
     @property
     def cuda_capability(self) -> int:
@@ -121,6 +131,12 @@ class NVFP4Backend:
         return (), ""
 
     @classmethod
+    def gated_epilogue(cls, config: NVFP4LayerConfig) -> tuple[bool, str]:
+        """Whether this backend's kernel can apply a gated MLP's activation
+        and product to ``config`` (a gate|up layer) in its epilogue, and why."""
+        return False, f"{cls.name} has no gated epilogue"
+
+    @classmethod
     def apply(
         cls, x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor, config: NVFP4LayerConfig
     ) -> Tensor:
@@ -146,18 +162,21 @@ def gemv_or_dequant_matmul(
     dequant_op: str,
     weight_dtype: DType,
 ) -> Tensor:
-    """The GEMV op for decode-sized M (with the layer's ``kernel_params``);
-    for prefill, decode W once and use MAX's matmul."""
+    """The GEMV op for decode-sized M (with the layer's ``kernel_params``,
+    gated in its epilogue when ``config.gated``); for prefill, decode W once
+    and use MAX's matmul (then the gate with MAX's ops)."""
     weights = matmul.in_enclosing_block(weights)
 
     def gemv() -> Tensor:
-        return rowwise_op(gemv_op, x, weights, config.n, dict(config.kernel_params))
+        params = dict(config.kernel_params) | ({"gated": True} if config.gated else {})
+        return rowwise_op(gemv_op, x, weights, config.out_features, params)
 
     def dequant_matmul() -> Tensor:
         w = custom_op(dequant_op, x, weights, [config.n, config.k], weight_dtype)
         # Every M here is above GEMV_MAX_M: the one-row branch would never run.
         padding = RowPadding.OFF if config.padding is RowPadding.OFF else RowPadding.FIXED
-        return matmul.linear(x, w, padding)
+        y = matmul.linear(x, w, padding)
+        return gate_interleaved(y) if config.gated else y
 
     return dispatch_on_m(x, config, gemv, dequant_matmul)
 
@@ -178,6 +197,17 @@ def dispatch_on_m(
     if matmul.is_static_dim(m):
         return large()
     pred = F.shape_to_tensor([m])[0] <= GEMV_MAX_M
-    out = TensorType(x.dtype, [m, config.n], DeviceRef.from_device(x.device))
+    out = TensorType(x.dtype, [m, config.out_features], DeviceRef.from_device(x.device))
     (y,) = F.cond(pred, [out], small, large)
     return y
+
+
+def gate_interleaved(y: Tensor) -> Tensor:
+    """``gelu_tanh(gate) * up`` [M, F] from a gate|up output [M, 2F] whose
+    columns are interleaved as the gated kernels' weights are
+    (``kernels.sm90_layout.interleave_gate_up``: 8 gate outputs, then the same
+    8 up outputs): the large-M route of a gated layer, in MAX's ops."""
+    m, n = y.shape[0], int(y.shape[1])
+    blocks = F.reshape(y, [m, n // TILE_N, 2, TILE_N // 2])
+    gate, up = (F.reshape(half, [m, n // 2]) for half in F.split(blocks, [1, 1], axis=2))
+    return F.gelu(gate, approximate="tanh") * up

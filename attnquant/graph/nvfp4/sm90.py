@@ -105,6 +105,15 @@ class MojoSM90Backend(NVFP4Backend):
         return prepare_weights(packed, scale_bits)
 
     @classmethod
+    def gated_epilogue(cls, config: NVFP4LayerConfig) -> tuple[bool, str]:
+        ok, why = cls.can_implement(config)
+        if not ok:
+            return False, why
+        if config.n % TILE_N:
+            return False, f"{config.n} gate|up rows are not whole tiles of {TILE_N // 2} gate + {TILE_N // 2} up rows"
+        return True, f"{cls.name} applies gelu_tanh(gate) * up in the GEMV's epilogue (M<={GEMV_MAX_M})"
+
+    @classmethod
     def kernel_parameters(cls, config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
         """The GEMV kernels for this layer (empty: the original kernels) and why."""
         if config.sm90_variant:

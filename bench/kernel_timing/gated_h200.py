@@ -10,7 +10,8 @@ gated harness kernel (``kernels_h200.GATED``) is checked against
 (CUDA-graph replay, weights rotated past L2, median) against the same kernel
 ungated followed by torch's ``gelu(tanh) * up`` on its [M, 2F] output: the
 elementwise launch and round trip the epilogue removes (in a served model that
-launch is MAX's kernel, not torch's).
+launch is MAX's kernel, not torch's), and against the ungated kernel alone: what
+the epilogue itself costs.
 
 On the H200, no MAX needed: ``bash bench/kernel_timing/build_ptx.sh`` here,
 then one device call with ``bench/ptx`` carried:
@@ -114,20 +115,25 @@ def main() -> int:
                     for _, _, (codes, scales), _ in sets:
                         ks.gemv(name, y_gated, x, codes, scales, gs, m, f, k, kw)
 
+                def kernel_only() -> None:
+                    for _, _, _, (codes, scales) in sets:
+                        ks.gemv(plain_name, y_plain, x, codes, scales, gs, m, n, k, kw)
+
                 def plain_step() -> None:
                     for _, _, _, (codes, scales) in sets:
                         ks.gemv(plain_name, y_plain, x, codes, scales, gs, m, n, k, kw)
                         g, u = y_plain.split(f, dim=1)
                         torch.mul(torch.nn.functional.gelu(g, approximate="tanh"), u, out=y_gated)
 
-                t_gated = float(np.median(H.time_graph(gated_step))) * 1e3 / len(sets)
-                t_plain = float(np.median(H.time_graph(plain_step))) * 1e3 / len(sets)
-                rows.append((label, n, k, m, name, kw, t_gated, t_plain))
-    print("\n| shape | [N, K] | M | gated kernel (kw) | gated µs | kernel + torch gelu·mul µs | saved µs |")
-    print("|---|---|---|---|---|---|---|")
-    for label, n, k, m, name, kw, t_gated, t_plain in rows:
-        print(f"| {label} gate\\|up | {n}×{k} | {m} | {name} ({kw or 'picked'}) | {t_gated:.2f} | {t_plain:.2f} "
-              f"| {t_plain - t_gated:.2f} |")
+                t_gated, t_alone, t_plain = (float(np.median(H.time_graph(step))) * 1e3 / len(sets)
+                                             for step in (gated_step, kernel_only, plain_step))  # fmt: skip
+                rows.append((label, n, k, m, name, kw, t_gated, t_alone, t_plain))
+    print("\n| shape | [N, K] | M | gated kernel (kw) | gated µs | ungated kernel µs | ungated + torch gelu·mul µs "
+          "| saved µs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, n, k, m, name, kw, t_gated, t_alone, t_plain in rows:
+        print(f"| {label} gate\\|up | {n}×{k} | {m} | {name} ({kw or 'picked'}) | {t_gated:.2f} | {t_alone:.2f} "
+              f"| {t_plain:.2f} | {t_plain - t_gated:.2f} |")
     ok = worst <= TOLERANCE
     print(f"\nRESULT {'OK' if ok else 'FAIL'}: worst rel err {worst:.2e} (gated kernels against float64)")
     return 0 if ok else 1

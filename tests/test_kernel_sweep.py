@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import pytest
+
 from tests.bench_modules import bench_module
+from tests.mojo_ptx import sm90a_ptx
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,3 +109,23 @@ def test_gated_kernel_check_flow_runs_on_cpu() -> None:
     assert len(table) == sum(len(gated.kernels_for(m)) for m in gated.TIME_MS)
     checks = [line for line in r.stdout.splitlines() if line.startswith("check dry")]
     assert len(checks) == sum(len(gated.kernels_for(m)) for m in gated.CHECK_MS)
+
+
+@pytest.mark.max
+def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_first(tmp_path: Path) -> None:
+    """bench/kernel_timing/nvfp4_ptx_harness.mojo compiles for sm_90a (as
+    build_ptx.sh does) into one PTX file per kernel, and every kernel the sweep
+    can launch is among them; gh0 (EARLY_SCALE) loads the global scale before
+    its weight loads, gv0 after them."""
+    sweep = bench_module("kernels_h200")
+    ptx = {}
+    for path in sm90a_ptx(ROOT / "bench" / "kernel_timing" / "nvfp4_ptx_harness.mojo", tmp_path):
+        match = re.match(r"h_nvfp4_ptx_harness_([a-z]+[0-9]*(s[0-9])?)_", path.name)
+        assert match, path.name
+        ptx[match.group(1)] = path.read_text()
+    assert set(sweep.VARIANTS) | set(sweep.GATED) <= set(ptx)
+
+    def scale_before_weights(text: str) -> bool:
+        return text.index("ld.global.nc.b32") < text.index("ld.global.nc.L1::no_allocate.v4.u32")
+
+    assert scale_before_weights(ptx["gh0"]) and not scale_before_weights(ptx["gv0"])

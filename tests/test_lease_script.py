@@ -141,6 +141,16 @@ def test_invariance_models_picks_the_checkpoints(tmp_path: Path) -> None:
     assert models == ["g3-1b"]
 
 
+def test_invariance_gated_adds_the_gated_cell_to_each_model(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_GATED="1")
+    runs = [c for c in calls if "batch_invariance.py" in c]
+    assert len(runs) == 2
+    for run in runs:
+        cells = run.split("--cells ")[1].split(" --")[0].split()
+        assert [c.split("+MODULAR")[0] for c in cells] == [
+            "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1"]
+
+
 def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path, "padding", SM90_CELL="3:8:1:1")
     padding = next(c for c in calls if "serve_benchmark.py" in c)
@@ -159,6 +169,17 @@ def test_tuned_phase_times_nvfp4_without_and_with_the_gated_epilogue_at_1_and_16
     assert [c.split("+MODULAR")[0] for c in cells] == [
         "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1",
         "attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=3:8:1:1",
+    ]
+
+
+def test_tuned_head_and_rounds_add_the_nvfp4_head_cell_measured_in_turn(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "tuned", TUNED_HEAD="1", ROUNDS="5", TRIALS="1")
+    tuned = next(c for c in calls if "serve_benchmark.py" in c)
+    assert "--trials 1 --rounds 5" in tuned
+    cells = tuned.split("--cells ")[1].split(" --")[0].split()
+    assert [c.split("+MODULAR")[0] for c in cells] == [
+        "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1",
+        "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4",
     ]
 
 

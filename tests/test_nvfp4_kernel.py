@@ -30,6 +30,7 @@ from attnquant.graph.nvfp4 import base
 from attnquant.graph.ops import custom_extensions_path
 from attnquant.graph.runtime import capture_off_advice
 from kernels import sm90_layout as L
+from tests.mojo_ptx import sm90a_ptx
 
 E2M1 = torch.tensor(
     [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64
@@ -347,17 +348,7 @@ def sm90_ptx(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Every op's GPU path (bench/checks/nvfp4_ops_gpu_harness.mojo: all GEMV
     variants -1..8, every cluster split of 3-8, the gated epilogue of 0, 1, 2,
     3 and 5) compiled for a virtual sm_90a."""
-    mojo = shutil.which("mojo") or str(Path(__import__("sys").executable).parent / "mojo")
-    if not Path(mojo).exists():
-        pytest.skip("mojo compiler not installed")
-    out = tmp_path_factory.mktemp("sm90a")
-    result = subprocess.run(
-        [mojo, "build", "-I", str(ROOT / "kernels"), "--target-accelerator", "sm_90a", "--emit", "asm",
-         "-o", str(out / "h.s"), str(ROOT / "bench" / "checks" / "nvfp4_ops_gpu_harness.mojo")],
-        cwd=out, capture_output=True, text=True, timeout=900, env=child_environment(),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return sorted(out.glob("*.ptx"))
+    return sm90a_ptx(ROOT / "bench" / "checks" / "nvfp4_ops_gpu_harness.mojo", tmp_path_factory.mktemp("sm90a"))
 
 
 @pytest.mark.max

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -352,3 +355,91 @@ def test_an_earlier_runs_oracle_drafts_are_gone_before_any_server_starts(monkeyp
                                      "--oracle-drafts", str(drafts)])  # fmt: skip
     with pytest.raises(Started):
         invariance.main()
+
+
+def test_rounds_rotate_the_order_so_each_cell_goes_first_once_per_cycle() -> None:
+    sb = bench_module("serve_benchmark")
+    cells = [sb.Cell.parse(spec) for spec in ("attnquant-bf16:on", "attnquant-nvfp4:on", "builtin-bf16:off")]
+    firsts = [sb.round_order(cells, rnd)[0].spec for rnd in range(3)]
+    assert firsts == [c.spec for c in cells]
+    assert all(sorted(c.spec for c in sb.round_order(cells, rnd)) == sorted(c.spec for c in cells) for rnd in range(5))
+
+
+def test_paired_compares_rounds_of_one_session_and_counts_the_faster_ones() -> None:
+    sb = bench_module("serve_benchmark")
+    def row(cell: str, rnd: int, tpot: float, concurrency: int = 1) -> dict:
+        return {"cell": cell, "session": 0, "round": rnd, "concurrency": concurrency, "mean_tpot_ms": tpot}
+
+    a, b = "attnquant-nvfp4:on+ARENA_GIB=8", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1+ARENA_GIB=8"
+    rows = [row(a, 0, 2.0), row(b, 0, 2.5), row(a, 1, 3.0), row(b, 1, 2.9), row(a, 2, 2.0),
+            row(b, 2, 2.1), row(b, 3, 1.0), row(a, 0, 9.0, concurrency=16)]  # fmt: skip
+    line = sb.paired(rows, a, b)
+    assert line.startswith("attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1 - attnquant-nvfp4:on: ")
+    assert "+0.10 ms median over 3 rounds" in line and "(+0.50 -0.10 +0.10)" in line
+    assert line.endswith("faster in 1 of 3")
+    assert "no common rounds" in sb.paired(rows, a, b, concurrency=16)
+
+
+def test_a_session_is_measured_in_one_benchmark_process_rounds_in_turn(monkeypatch, tmp_path: Path) -> None:
+    """One plan for every round, cell and concurrency; stale result files of an
+    earlier run are gone before it runs, and a missing trial is not invented."""
+    sb = bench_module("serve_benchmark")
+    cells = [sb.Cell.parse("attnquant-bf16:on"), sb.Cell.parse("attnquant-nvfp4:on")]
+    args = _args(rounds=2, trials=2, concurrency=[1, 16], num_prompts=8, out=tmp_path / "results.jsonl")
+    plan = sb.measurement_plan(cells, 0, args)
+    assert [(m.round, m.cell.spec, m.concurrency) for m in plan] == [
+        (0, "attnquant-bf16:on", 1), (0, "attnquant-bf16:on", 16), (0, "attnquant-nvfp4:on", 1),
+        (0, "attnquant-nvfp4:on", 16), (1, "attnquant-nvfp4:on", 1), (1, "attnquant-nvfp4:on", 16),
+        (1, "attnquant-bf16:on", 1), (1, "attnquant-bf16:on", 16),
+    ]  # fmt: skip
+    assert len({m.result for m in plan}) == len(plan)
+    stale = sb.trial_results(plan[0].result, 2)[1]
+    stale.write_text("{}")
+    calls = []
+
+    def fake_run(command: list[str], **_: object):
+        calls.append(command)
+        entries = json.loads(Path(command[command.index("--plan") + 1]).read_text())
+        for entry in entries[1:]:  # the first entry's runs fail
+            for i, path in enumerate(sb.trial_results(Path(entry["result"]), entry["repeat"])):
+                path.write_text(json.dumps({"mean_tpot_ms": 2.0 + i, "args": entry["args"]}))
+        return subprocess.CompletedProcess(command, 1, "", "boom")
+
+    monkeypatch.setattr(sb.subprocess, "run", fake_run)
+    results = sb.run_plan(plan, {"attnquant-bf16:on": 8000, "attnquant-nvfp4:on": 8001}, args)
+    assert len(calls) == 1 and not stale.exists() and results[0] == []
+    second = results[1]
+    assert [t["mean_tpot_ms"] for t in second] == [2.0, 3.0]
+    passed = second[0]["args"]
+    assert passed[passed.index("--port") + 1] == "8000" and passed[passed.index("--num-prompts") + 1] == "128"
+    assert passed[passed.index("--max-concurrency") + 1] == "16"
+
+
+def test_the_inprocess_benchmark_runs_every_plan_entry_after_a_failed_one(monkeypatch, tmp_path: Path) -> None:
+    inprocess = bench_module("max_benchmark_inprocess")
+    import max._entrypoints.pipelines as pipelines
+
+    seen = []
+
+    def fake_main() -> int:
+        seen.append(list(sys.argv))
+        return 3 if "8000" in sys.argv else 0
+
+    monkeypatch.setattr(pipelines, "main", fake_main)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([
+        {"args": ["--port", "8000"], "result": str(tmp_path / "a.json"), "repeat": 2},
+        {"args": ["--port", "8001"], "result": str(tmp_path / "b.json"), "repeat": 2},
+    ]))  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["x", "--plan", str(plan), "--backend", "modular-chat"])
+    assert inprocess.main() == 3
+    # the failed entry stops its own repeats, not the plan
+    assert [a[a.index("--result-filename") + 1].rsplit("/", 1)[1] for a in seen] == ["a-0.json", "b-0.json", "b-1.json"]
+    assert all(a[:4] == ["max", "benchmark", "--backend", "modular-chat"] for a in seen)
+
+
+def test_a_label_leaves_out_only_where_the_memory_goes() -> None:
+    sb = bench_module("serve_benchmark")
+    cell = sb.Cell.parse("attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8")
+    assert cell.label == "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1"
+    assert sb.Cell.parse("attnquant-bf16:off+ARENA_GIB=53+--no-use-subgraphs").label == "attnquant-bf16:off+--no-use-subgraphs"

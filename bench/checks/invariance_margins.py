@@ -160,7 +160,7 @@ def main() -> None:
         for prompt, pos, concurrency, token in differences(result):
             by_place.setdefault((prompt, pos), []).append(concurrency)
             got[(prompt, pos)] = token
-        name = spec.split("+")[0]
+        name = Cell.parse(spec).label
         for (prompt, pos), concurrencies in sorted(by_place.items()):
             against = "alone, batched c=" + ",".join(concurrencies)
             priced = price(model, prompts[prompt], result["alone"][prompt], pos, got[(prompt, pos)])

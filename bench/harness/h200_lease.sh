@@ -64,7 +64,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -162,8 +162,10 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   local bf16=("attnquant-bf16:on${MM}=8"); [ -n "${TUNED_NO_BF16:-}" ] && bf16=()  # a short lease
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 16 \
-    --max-batch-size 16 --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1${MM}=8" \
+  local head=(); [ -n "${TUNED_HEAD:-}" ] && head=("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4${MM}=8")
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --rounds "${ROUNDS:-1}" \
+    --concurrency 1 16 --max-batch-size 16 \
+    --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1${MM}=8" "${head[@]}" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
@@ -222,9 +224,10 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
     if wants invariance; then  # after padding: the same 1B servers then start from MAX's cache
       say "invariance"
       # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
-      if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on & fi
+      gated=(${INVARIANCE_GATED:+attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1})
+      if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" & fi
       if inv_wants 270m; then
-        invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on &
+        invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" &
       fi
       wait; say "invariance done"
     fi

@@ -16,11 +16,18 @@ the prompts are the same.
 import of MAX for N trials); run i writes ``--result-filename``'s stem + ``-i``
 (``r.json`` → ``r-0.json``, ``r-1.json``, ...). It stops at the first failed
 run.
+
+``--plan FILE`` instead runs a list of benchmarks in this process, one after
+the other: FILE holds a JSON list of ``{"args": [max benchmark arguments...],
+"result": path, "repeat": N}``, each run as above. Importing MAX costs ~20 s on
+the H200's host, so cells measured in turn (serve_benchmark.py ``--rounds``)
+share one import. A failed entry is reported and the next one runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -57,19 +64,10 @@ def trial_results(result: Path, repeat: int) -> list[Path]:
     return [result.with_name(f"{result.stem}-{i}{result.suffix}") for i in range(repeat)]
 
 
-def main() -> int:
-    ours = argparse.ArgumentParser(add_help=False)
-    ours.add_argument("--repeat", type=int, default=1)
-    ours.add_argument("--result-filename", type=Path)
-    args, passthrough = ours.parse_known_args()
-    from max._entrypoints.pipelines import main as max_main
-    from max.benchmark.benchmark_shared.datasets._tokenizer_pool import TokenizerPool
-
-    TokenizerPool._ensure_pool = _in_process  # type: ignore[method-assign]
-
-    results = trial_results(args.result_filename, args.repeat) if args.result_filename else [None] * args.repeat
-    for result in results:
-        sys.argv = ["max", "benchmark", *passthrough, *(["--result-filename", str(result)] if result else [])]
+def _run_repeated(max_main: Callable[[], Any], passthrough: list[str], result: Path | None, repeat: int) -> int:
+    results = trial_results(result, repeat) if result else [None] * repeat
+    for path in results:
+        sys.argv = ["max", "benchmark", *passthrough, *(["--result-filename", str(path)] if path else [])]
         try:
             code = max_main()
         except SystemExit as done:  # the CLI may exit instead of returning
@@ -77,6 +75,28 @@ def main() -> int:
         if code:
             return int(code)
     return 0
+
+
+def main() -> int:
+    ours = argparse.ArgumentParser(add_help=False)
+    ours.add_argument("--repeat", type=int, default=1)
+    ours.add_argument("--result-filename", type=Path)
+    ours.add_argument("--plan", type=Path)
+    args, passthrough = ours.parse_known_args()
+    from max._entrypoints.pipelines import main as max_main
+    from max.benchmark.benchmark_shared.datasets._tokenizer_pool import TokenizerPool
+
+    TokenizerPool._ensure_pool = _in_process  # type: ignore[method-assign]
+
+    if args.plan is None:
+        return _run_repeated(max_main, passthrough, args.result_filename, args.repeat)
+    failed = 0
+    for entry in json.loads(args.plan.read_text()):
+        code = _run_repeated(max_main, [*passthrough, *entry["args"]], Path(entry["result"]), entry["repeat"])
+        if code:
+            print(f"FAILED plan entry {entry['result']} ({code})", file=sys.stderr, flush=True)
+            failed = code
+    return failed
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@
 cell (the first alone, then the rest at once), then one server at a time, ``--trials``
 runs of ``max benchmark`` (``/v1/chat/completions``, random 128 in / 128 out,
 ``--num-prompts`` prompts, temperature 0; at each ``--concurrency``, default 1,
-with ``--num-prompts`` times that many prompts; through
-``bench/harness/max_benchmark_inprocess.py``: MAX's benchmark, a cell's trials in one
-process); it appends one JSON line per trial,
+with ``--num-prompts`` times that many prompts); ``--rounds`` times over the cells in
+turn, the order rotated each round, all of it in one process
+(``bench/harness/max_benchmark_inprocess.py --plan``: MAX's benchmark, MAX imported
+once); it appends one JSON line per trial,
 stops every server, and starts the next session. It prints a table of the
 median output tok/s and median TPOT over every trial of a cell, and compares
 each cell's greedy 48-token completion with the first cell's and with its
@@ -19,7 +20,7 @@ with the same cell compiled plainly, when that cell is run.
 vision model's vision tower runs) and prints MAX's answer or its refusal.
 
 ``--gpu-lock FILE`` lets several harnesses share one GPU: each holds an
-exclusive lock on FILE while it measures a cell, so measurements never overlap
+exclusive lock on FILE while it measures a session's cells, so measurements never overlap
 (servers of the other harness may still be compiling or loading meanwhile).
 
 A cell is ``VARIANT:on|off[+ENV=VALUE...][+--FLAG...]``: the capture flag is
@@ -112,6 +113,11 @@ class Cell:
         return 3 if self.variant.endswith(DRAFTED) else 0
 
     @property
+    def label(self) -> str:
+        """The spec without the items that only place its memory (``PLACEMENT_ENV``)."""
+        return "+".join(item for item in self.spec.split("+") if item.split("=", 1)[0] not in PLACEMENT_ENV)
+
+    @property
     def slug(self) -> str:
         return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec)
 
@@ -135,6 +141,8 @@ ARENA_GIB = "ARENA_GIB"
 """A cell's ``+ARENA_GIB=N``: its arena as N GiB, turned into MAX's percentage
 of the memory free on GPU 0 when the server starts (a percentage fixed in
 advance gives servers started later less than planned)."""
+PLACEMENT_ENV = (ARENA, ARENA_GIB)
+"""Where a server's memory goes, not what it computes: twins may differ in it."""
 
 
 def free_gpu_bytes() -> int:
@@ -221,23 +229,66 @@ def wait_ready(process: subprocess.Popen, port: int, log: Path, timeout_s: float
     raise TimeoutError(f"not ready in {timeout_s:.0f}s:\n{log.read_text()[-2500:]}")
 
 
-def run_trials(model: Path, port: int, result: Path, num_prompts: int, trials: int, concurrency: int = 1) -> list[dict]:
-    """``trials`` runs of MAX's benchmark in one process, ``num_prompts`` requests
-    each, ``concurrency`` at a time; their result files, in order (fewer than
-    asked when a run failed, with the error printed)."""
-    args = [
-        # MAX's benchmark, its tokenizer pool in-process (see that file: the
-        # pool's process spawns cost 60-70 s per trial on the H200 host).
-        sys.executable, str(Path(__file__).resolve().parent / "max_benchmark_inprocess.py"), "--repeat", str(trials),
+BENCHMARK = [sys.executable, str(Path(__file__).resolve().parent / "max_benchmark_inprocess.py")]
+
+
+def benchmark_args(model: Path, port: int, num_prompts: int, concurrency: int, log_dir: Path) -> list[str]:
+    """``max benchmark``'s arguments for one measurement of one server."""
+    return [
         "--model", str(model), "--backend", "modular-chat", "--endpoint", "/v1/chat/completions",
         "--host", "127.0.0.1", "--port", str(port), "--max-concurrency", str(concurrency),
         "--dataset-name", "random", "--random-input-len", "128", "--random-output-len", "128",
-        "--num-prompts", str(num_prompts), "--temperature", "0", "--result-filename", str(result),
-        "--log-dir", str(result.parent / "benchmark-logs"),
+        "--num-prompts", str(num_prompts), "--temperature", "0", "--log-dir", str(log_dir),
     ]  # fmt: skip
-    done = subprocess.run(args, capture_output=True, text=True)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One cell at one concurrency in one round: ``trials`` runs of MAX's benchmark."""
+
+    cell: Cell
+    round: int
+    concurrency: int
+    result: Path  # run i writes trial_results(result, trials)[i]
+
+
+def measurement_plan(cells: list[Cell], session: int, args: argparse.Namespace) -> list[Measurement]:
+    """Every round's cells in turn (``round_order``), each at every concurrency."""
+    plan = []
+    for rnd in range(args.rounds):
+        for cell in round_order(cells, rnd):
+            for concurrency in args.concurrency:
+                suffix = ("" if concurrency == 1 else f"-c{concurrency}") + (f"-r{rnd}" if rnd else "")
+                result = args.out.parent / f"bench-{cell.slug}-{session}{suffix}.json"
+                plan.append(Measurement(cell, rnd, concurrency, result))
+    return plan
+
+
+def run_plan(plan: list[Measurement], ports: dict[str, int], args: argparse.Namespace) -> list[list[dict]]:
+    """Runs the plan in one process (through ``max_benchmark_inprocess.py``:
+    MAX's benchmark, one import of MAX for all of it); each measurement's
+    trials, in order (fewer than asked where a run failed, with the error
+    printed). Result files of an earlier run are removed first, so none is
+    read as this one's."""
+    entries = []
+    for m in plan:
+        for stale in trial_results(m.result, args.trials):
+            stale.unlink(missing_ok=True)
+        model = served_model(m.cell, args)
+        log_dir = m.result.parent / "benchmark-logs"
+        entries.append({
+            "args": benchmark_args(model, ports[m.cell.spec], args.num_prompts * m.concurrency, m.concurrency, log_dir),
+            "result": str(m.result), "repeat": args.trials,
+        })  # fmt: skip
+    plan_file = args.out.parent / f"plan-{plan[0].result.stem}.json"
+    plan_file.write_text(json.dumps(entries, indent=1))
+    done = subprocess.run([*BENCHMARK, "--plan", str(plan_file)], capture_output=True, text=True)
     if done.returncode != 0:
         print(f"FAILED max benchmark ({done.returncode}):\n{done.stderr[-2500:]}", flush=True)
+    return [read_trials(m.result, args.trials) for m in plan]
+
+
+def read_trials(result: Path, trials: int) -> list[dict]:
     files = [f for f in trial_results(result, trials) if f.exists()]
     return [{**json.loads(f.read_text()), "unix_time": round(f.stat().st_mtime, 1)} for f in files]
 
@@ -308,7 +359,7 @@ def stop(server: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def measuring(lock: Path | None):
-    """Exclusive use of the GPU for one cell's trials when harnesses share it."""
+    """Exclusive use of the GPU for a session's measurements when harnesses share it."""
     if lock is None:
         yield
         return
@@ -360,12 +411,15 @@ def run_session(
         # says whether capture changed the output.
         (logs / "greedy_texts.json").write_text(json.dumps(texts, indent=1))
         print_greedy_identity(cells, texts)
-        for cell in cells:
-            if cell.spec not in started:
-                continue
-            _, port, _ = servers[cell.spec]
-            with measuring(args.gpu_lock):
-                measure_cell(cell, session, port, args, rows)
+        measured = [cell for cell in cells if cell.spec in started]
+        if measured:
+            ports = {spec: port for spec, (_, port, _) in servers.items()}
+            plan = measurement_plan(measured, session, args)
+            with measuring(args.gpu_lock), ClockSampler() as clocks:
+                results = run_plan(plan, ports, args)
+            for m, trials in zip(plan, results, strict=True):
+                record_trials(m.cell, session, m.concurrency, trials, clocks, args.out, rows, m.round)
+        for cell in measured:
             for concurrency in args.concurrency:
                 print(summary(rows, cell.spec, concurrency=concurrency), flush=True)
     finally:
@@ -373,23 +427,22 @@ def run_session(
             stop(server)
 
 
-def measure_cell(cell: Cell, session: int, port: int, args: argparse.Namespace, rows: list[dict]) -> None:
-    for concurrency in args.concurrency:
-        suffix = "" if concurrency == 1 else f"-c{concurrency}"
-        result = args.out.parent / f"bench-{cell.slug}-{session}{suffix}.json"
-        with ClockSampler() as clocks:
-            trials = run_trials(
-                served_model(cell, args), port, result, args.num_prompts * concurrency, args.trials, concurrency
-            )
-        record_trials(cell, session, concurrency, trials, clocks, args.out, rows)
+def round_order(cells: list[Cell], rnd: int) -> list[Cell]:
+    """The cells of round ``rnd``, rotated by one a round: over the rounds each
+    cell takes each place in the order in turn, so drift within a session (a
+    host still busy after the last start, clocks) falls on every cell alike."""
+    k = rnd % len(cells) if cells else 0
+    return cells[k:] + cells[:k]
 
 
 def record_trials(
-    cell: Cell, session: int, concurrency: int, trials: list[dict], clocks: ClockSampler, out: Path, rows: list[dict]
-) -> None:
-    for trial, r in enumerate(trials):
+    cell: Cell, session: int, concurrency: int, trials: list[dict], clocks: ClockSampler, out: Path, rows: list[dict],
+    rnd: int = 0,
+) -> None:  # fmt: skip
+    for i, r in enumerate(trials):
+        trial = rnd * len(trials) + i
         row = {
-            "cell": cell.spec, "session": session, "trial": trial, "concurrency": concurrency,
+            "cell": cell.spec, "session": session, "round": rnd, "trial": trial, "concurrency": concurrency,
             # Generated tokens (of every request) over the trial's wall time.
             "output_tok_s": r["total_output_tokens"] / r["duration"],
             "mean_tpot_ms": r.get("mean_tpot_ms"),
@@ -418,10 +471,6 @@ def summary(rows: list[dict], spec: str, markdown: bool = False, concurrency: in
             f"| {min(tok_s):.1f}–{max(tok_s):.1f} | {tpot:.2f} |"
         )
     return f"{spec}: median {statistics.median(tok_s):.1f} tok/s, TPOT {tpot:.2f} ms over {len(cell)} trials"
-
-
-PLACEMENT_ENV = ("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT",)
-"""Where a server's memory goes, not what it computes: twins may differ in it."""
 
 
 def _settings(cell: Cell) -> list[tuple[str, str]]:
@@ -477,12 +526,40 @@ def print_greedy_identity(cells: list[Cell], texts: dict[str, list[str]]) -> Non
         print(line, flush=True)
 
 
+def paired(rows: list[dict], base: str, spec: str, concurrency: int = 1) -> str:
+    """``spec`` against ``base`` round by round (same session and round: minutes
+    apart on one machine): each round's TPOT difference, their median, and in how
+    many rounds ``spec`` stepped faster."""
+    def tpot(cell: str) -> dict[tuple[int, int], float]:
+        by_round: dict[tuple[int, int], list[float]] = {}
+        for r in rows:
+            if r["cell"] == cell and r.get("concurrency", 1) == concurrency:
+                by_round.setdefault((r["session"], r.get("round", 0)), []).append(r["mean_tpot_ms"])
+        return {k: statistics.median(v) for k, v in by_round.items()}
+
+    a, b = tpot(base), tpot(spec)
+    diffs = [b[k] - a[k] for k in sorted(a.keys() & b.keys())]
+    label = f"{Cell.parse(spec).label} - {Cell.parse(base).label}" + ("" if concurrency == 1 else f" c={concurrency}")
+    if not diffs:
+        return f"{label}: no common rounds"
+    faster = sum(d < 0 for d in diffs)
+    per_round = " ".join(f"{d:+.2f}" for d in diffs)
+    return (
+        f"{label}: TPOT {statistics.median(diffs):+.2f} ms median over {len(diffs)} rounds "
+        f"({per_round}); faster in {faster} of {len(diffs)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="max serve + max benchmark, c=1")
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--cells", nargs="+", required=True, help="VARIANT:on|off[+ENV=VALUE...]")
     parser.add_argument("--sessions", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=3, help="per cell per session")
+    parser.add_argument("--trials", type=int, default=3, help="per cell per session and round")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="measure every cell this many times per session, in turn, the order rotated each round",
+    )  # fmt: skip
     parser.add_argument("--num-prompts", type=int, default=8, help="per trial, times the concurrency")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests in flight (each measured)")
     parser.add_argument("--memory-fraction", type=float, default=0.18)
@@ -499,6 +576,8 @@ def main() -> None:
     add_launch_args(parser)
     args = parser.parse_args()
     args.mtp_target = args.mtp_target or args.model
+    if args.rounds < 1 or args.trials < 1:
+        parser.error(f"--rounds and --trials must be at least 1, got {args.rounds} and {args.trials}")
     args.out.parent.mkdir(parents=True, exist_ok=True)  # the servers' logs go there too
     if any(Cell.parse(spec).variant == EXPORTED for spec in args.cells) and not args.export:
         parser.error(f"a {EXPORTED} cell needs --export (attnquant quantize writes one)")
@@ -516,6 +595,12 @@ def main() -> None:
     for concurrency in args.concurrency:
         for cell in cells:
             print(summary(rows, cell.spec, markdown=True, concurrency=concurrency))
+    if args.rounds > 1:
+        print("\nPaired by round, each cell against each earlier one:")
+        for concurrency in args.concurrency:
+            for i, cell in enumerate(cells):
+                for base in cells[:i]:
+                    print(paired(rows, base.spec, cell.spec, concurrency))
 
 
 if __name__ == "__main__":

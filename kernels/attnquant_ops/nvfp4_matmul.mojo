@@ -487,7 +487,15 @@ def _gemv_batch[
 
 
 def nvfp4_gemv_sm90_kernel[
-    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int = 1, PF: Int = 0, GATED: Bool = False
+    MT: Int,
+    TN: Int,
+    NW: Int,
+    KW_MAX: Int,
+    U: Int,
+    ACC: Int = 1,
+    PF: Int = 0,
+    GATED: Bool = False,
+    EARLY_SCALE: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -514,7 +522,11 @@ def nvfp4_gemv_sm90_kernel[
     PF > 0 (bench harness only; slower on the H200, docs/dev/kernels.md): lane
     0 also keeps the warp's next PF batches on their way into L2 (bulk
     prefetch), meant to let each batch's register loads wait on L2 rather
-    than DRAM; PF larger than the slice prefetches the whole slice up front."""
+    than DRAM; PF larger than the slice prefetches the whole slice up front.
+
+    EARLY_SCALE (bench harness only): the global scale is loaded before the
+    loop, not after it, so its latency is not on the last warp's path to the
+    store."""
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
     var nw = warp % NW
@@ -551,6 +563,9 @@ def nvfp4_gemv_sm90_kernel[
     var accs = Array[SIMD[DType.float32, 4], TN * MT * ACC](
         fill=SIMD[DType.float32, 4](0)
     )
+    var factor = Float32(0)
+    comptime if EARLY_SCALE:
+        factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
     comptime if PF > 0:
         var ahead = min(kg_begin + PF * U, kg_end) - (kg_begin + U)
         if lane == 0 and ahead > 0:  # batch 0's own loads are issued next anyway
@@ -570,7 +585,8 @@ def nvfp4_gemv_sm90_kernel[
         comptime for a in range(ACC):
             acc[i] += accs[i * ACC + a]
 
-    var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
+    comptime if not EARLY_SCALE:
+        factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
 
     # Reduce the kw partial sums: every warp parks its fragments in shared
     # memory, then the kwi == 0 warps add them up and store.

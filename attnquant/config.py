@@ -240,7 +240,7 @@ SETTINGS: tuple[Setting, ...] = (
         "0", _BOOL,
         "1: NVFP4 on Hopper, the fused gate/up GEMV applies gelu_tanh(gate) * up in its "
         "epilogue (per layer one kernel and the gate/up output's round trip fewer, M<=16; "
-        "its decode-speed effect is not settled, docs/performance.md); 0: the activation "
+        "measured no faster end to end at the 1B geometry, docs/performance.md); 0: the activation "
         "runs as MAX ops after the GEMV. The log says which and why.",
     ),
     _choice(

@@ -1,6 +1,7 @@
 """``max benchmark`` with its tokenizer work done in this process.
 
     python bench/harness/max_benchmark_inprocess.py [--repeat N] [max benchmark arguments...]
+    python bench/harness/max_benchmark_inprocess.py --plan FILE [max benchmark arguments...]
 
 Runs MAX's own ``max benchmark`` entry point unchanged (requests, timing,
 metrics and the result file are all MAX's) except for one thing: the dataset

@@ -236,12 +236,14 @@ SETTINGS: tuple[Setting, ...] = (
         "generated_mlp dispatch.",
     ),
     Setting(
-        "ATTNQUANT_GATED_GEMV", "gated_gemv", _parse_bool, _constant(False),
-        "0", _BOOL,
-        "1: NVFP4 on Hopper, the fused gate/up GEMV applies gelu_tanh(gate) * up in its "
-        "epilogue (per layer one kernel and the gate/up output's round trip fewer, M<=16; "
-        "measured no faster end to end at the 1B geometry, docs/performance.md); 0: the activation "
-        "runs as MAX ops after the GEMV. The log says which and why.",
+        "ATTNQUANT_GATED_GEMV", "gated_gemv", _parse_auto_or_bool, _constant(None),
+        "auto", f"auto, {_BOOL}",
+        "NVFP4 on Hopper: the fused gate/up GEMV applies gelu_tanh(gate) * up in its "
+        "epilogue (per layer one kernel and the gate/up output's round trip fewer, M<=16). "
+        "auto = on for the gate/up weights of Gemma 3 27B and Gemma 4 31B size and up, "
+        "measured faster end to end there and not at 1B (docs/performance.md); 1 = every "
+        "gate/up the kernel can take; 0 = never (the activation runs as MAX ops after the "
+        "GEMV). The log says which and why.",
     ),
     _choice(
         "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",
@@ -320,7 +322,7 @@ class AttnQuantConfig:
     gemm: bool | None = None
     qkv_fuse: bool = True
     fused_mlp: bool = True
-    gated_gemv: bool = False
+    gated_gemv: bool | None = None
     layer_subgraphs: Literal["always", "cpu"] = "always"
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))

@@ -219,6 +219,19 @@ def test_g4tpot_head_only_fits_beside_the_tuned_phase_and_the_gated_kernels_go_f
     assert "tuned done" in progress and "g4tpot done" in progress
 
 
+def test_g4tpot_ungated_adds_the_default_without_the_gated_epilogue_measured_in_turn(tmp_path: Path) -> None:
+    """At the 31B size ATTNQUANT_GATED_GEMV=auto gates gate|up: the comparison
+    cell turns it off; all three arenas still fit the card (~139 GiB)."""
+    _, calls = _run_with_stubs(tmp_path, "g4tpot", G4_TPOT_HEAD_ONLY="1", G4_TPOT_UNGATED="1", ROUNDS="4", TRIALS="1")
+    bench = next(c for c in calls if "serve_benchmark.py" in c)
+    assert "--trials 1 --rounds 4" in bench
+    cells = bench.split("--cells ")[1].split(" --")[0].split()
+    assert [c.split("+ARENA_GIB")[0] for c in cells] == [
+        "attnquant-bf16:off", "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4",
+        "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_GATED_GEMV=0"]
+    assert sum(int(c.split("+ARENA_GIB=")[1]) for c in cells) <= 130
+
+
 def test_cachecheck_times_the_carried_cache_then_a_cold_one_before_anything_else(tmp_path: Path) -> None:
     carried = tmp_path / "xcache"
     (carried / "modular").mkdir(parents=True)

@@ -597,6 +597,7 @@ def _gate_up_for_device(config, device, activation: str, members=("gate_proj", "
         ({}, "gelu_tanh", "sm_90a", True, "applies gelu_tanh(gate) * up in the GEMV's epilogue"),
         ({}, "gelu_pytorch_tanh", "sm_90a", True, "epilogue"),
         ({"gated_gemv": False}, "gelu_tanh", "sm_90a", False, "ATTNQUANT_GATED_GEMV=0"),
+        ({"gated_gemv": None}, "gelu_tanh", "sm_90a", False, "auto: the weight is 0.0 MiB < 100 MiB"),
         ({}, "silu", "sm_90a", False, "activation 'silu' is not the kernels'"),
         ({}, "", "sm_90a", False, "activation '(unknown)'"),
         ({}, "gelu_tanh", "cpu", False, "graph-dequant has no gated epilogue"),
@@ -623,6 +624,27 @@ def test_gate_up_is_gated_in_the_kernel_where_it_can_be_and_the_log_says_why(
     if device == "sm_90a":  # the bytes the kernel reads: interleaved only when gated
         rows = (L.interleave_gate_up(packed), L.interleave_gate_up(scale_bits)) if gated else (packed, scale_bits)
         assert torch.equal(stored, L.prepare_weights(*rows)[0])
+
+
+@pytest.mark.parametrize(
+    "f, k, gated",
+    [(21504, 5376, True), (15360, 3840, False), (6912, 1152, False)],  # 27B/31B, 12B, 1B
+)
+def test_auto_gates_only_gate_up_weights_as_large_as_those_measured_faster(f: int, k: int, gated: bool) -> None:
+    """ATTNQUANT_GATED_GEMV=auto (the default): the kernel's epilogue where
+    the packed weight is >= GATED_AUTO_MIN_MIB, the activation after the GEMV
+    below; either way the reason names the size."""
+    from attnquant.config import AttnQuantConfig
+    from attnquant.graph import runtime
+    from attnquant.plan import PartPlan
+
+    layer = K.NVFP4LayerConfig(2 * f, k, DType.bfloat16, "cuda", "sm_90a")
+    part = PartPlan("nvfp4", ("gate_proj", "up_proj"), (f, f), k)
+    config = AttnQuantConfig(quant="nvfp4")
+    assert config.gated_gemv is None
+    ok, why = runtime._gating(part, layer, K.choose_backend(layer), config, "gelu_pytorch_tanh")
+    assert ok is gated
+    assert f"auto: the weight is {2 * f * k / 2**21:.1f} MiB {'>=' if gated else '<'} 100 MiB" in why, why
 
 
 def test_only_a_whole_gate_up_with_one_global_scale_is_gated() -> None:

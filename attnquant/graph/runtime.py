@@ -106,13 +106,36 @@ def _gating(
     part: PartPlan, layer: NVFP4LayerConfig, backend: type[NVFP4Backend], config: AttnQuantConfig, activation: str
 ) -> tuple[bool, str]:
     """Whether this gate|up part applies the MLP's activation in its kernel, and why."""
-    if not config.gated_gemv:
+    if config.gated_gemv is False:
         return False, "ATTNQUANT_GATED_GEMV=0"
     if activation not in GELU_TANH_NAMES:
         return False, f"the MLP's activation {activation or '(unknown)'!r} is not the kernels' {GELU_TANH_NAMES}"
     if part.per_row_scale:
         return False, "gate and up have different global scales (applied after the matmul)"
-    return backend.gated_epilogue(dataclasses.replace(layer, gated=True))
+    ok, why = backend.gated_epilogue(dataclasses.replace(layer, gated=True))
+    if ok and config.gated_gemv is None:
+        return _gating_auto(layer, why)
+    return ok, why
+
+
+GATED_AUTO_MIN_MIB = 100
+"""``ATTNQUANT_GATED_GEMV=auto`` gates a gate|up whose packed E2M1 weight is at
+least this large. Measured end to end on the H200 with the gated epilogue:
+faster at the Gemma 4 31B geometry's 43008x5376 (110 MiB; 0.05 ms per step in
+each of 4 rounds), not at the 1B geometry's 13824x1152 (7.6 MiB; slower at one
+request in 3 of 3 comparisons, within the host's noise). The sizes between
+(4B: 25 MiB, 12B: 56 MiB) are unmeasured and keep the activation after the
+GEMV, the path measured most."""
+
+
+def _gating_auto(layer: NVFP4LayerConfig, why_possible: str) -> tuple[bool, str]:
+    mib = layer.n * layer.k / 2 / 2**20
+    if mib >= GATED_AUTO_MIN_MIB:
+        return True, f"{why_possible}; auto: the weight is {mib:.1f} MiB >= {GATED_AUTO_MIN_MIB} MiB"
+    return False, (
+        f"auto: the weight is {mib:.1f} MiB < {GATED_AUTO_MIN_MIB} MiB, where the gated epilogue "
+        "was not measured faster end to end; ATTNQUANT_GATED_GEMV=1 gates it"
+    )
 
 
 @functools.lru_cache(maxsize=None)

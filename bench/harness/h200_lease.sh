@@ -55,6 +55,8 @@
 #      (MAX's own Gemma 4 does not compile on sm_90), and with the NVFP4 output head
 #      (the bf16 head is ~2.8 GB of the ~13 read per token), c=1; G4_TPOT_HEAD_ONLY: NVFP4
 #      with the NVFP4 head only (no bf16-head cell: 35 GiB less, room for "tuned" beside it);
+#      G4_TPOT_UNGATED: adds the NVFP4-head cell with gate|up not gated (ATTNQUANT_GATED_GEMV=0;
+#      auto gates this size), with ROUNDS for the cells measured in turn;
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -64,7 +66,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -174,10 +176,11 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
 
 g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf16 45.2 (30 layers)
   local bf16_head=("attnquant-nvfp4:on+ARENA_GIB=35"); [ -n "${G4_TPOT_HEAD_ONLY:-}" ] && bf16_head=()
+  local ungated=(${G4_TPOT_UNGATED:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_GATED_GEMV=0+ARENA_GIB=35})
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
-  python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --concurrency 1 \
+  python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --rounds "${ROUNDS:-1}" --concurrency 1 \
     --cells "${bf16_head[@]}" "attnquant-bf16:off+ARENA_GIB=53" \
-    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" \
+    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" "${ungated[@]}" \
     --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }

@@ -129,3 +129,26 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
         return text.index("ld.global.nc.b32") < text.index("ld.global.nc.L1::no_allocate.v4.u32")
 
     assert scale_before_weights(ptx["gh0"]) and not scale_before_weights(ptx["gv0"])
+
+
+def test_the_sweep_times_only_the_cells_asked_for_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    """--cells N:K:M,...: a shape outside the sweep's lists (e.g. the 31B's
+    NVFP4 output head) is checked and timed at each M given, nothing else."""
+    import subprocess
+    import sys
+
+    from attnquant.max_compat import child_environment
+
+    script = ROOT / "bench" / "kernel_timing" / "kernels_h200.py"
+
+    def sweep(cells: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), "--dry-run", "--ncu", "off", "--budget", "100",
+                               "--out", str(tmp_path), "--cells", cells],
+                              capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
+
+    r = sweep("64:320:1,64:320:3")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    best = [line.split(": ")[0] for line in r.stdout.splitlines() if line.startswith("BEST")]
+    assert best == ["BEST cell [64,320] M=1", "BEST cell [64,320] M=3"]
+    bad = sweep("64:321:1")
+    assert bad.returncode != 0 and "'64:321:1'" in bad.stderr and "multiple of 16" in bad.stderr

@@ -587,6 +587,20 @@ class Watchdog:
                     os._exit(3)
 
 
+def parse_cells(text: str) -> list[tuple[tuple[int, int], int]]:
+    """``N:K:M,...`` as ((N, K), M) cells; K must be whole 16-weight blocks."""
+    cells = []
+    for item in filter(None, text.split(",")):
+        try:
+            n, k, m = (int(v) for v in item.split(":"))
+        except ValueError:
+            raise SystemExit(f"--cells: {item!r} is not N:K:M (three integers, e.g. 262144:5376:1)") from None
+        if min(n, k, m) < 1 or k % 16:
+            raise SystemExit(f"--cells: {item!r} needs N, K, M >= 1 and K a multiple of 16")
+        cells.append(((n, k), m))
+    return cells
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -597,6 +611,9 @@ def main() -> None:
     ap.add_argument("--ranges", action="store_true",
                     help="time what one SM90_TUNED entry can name at every M of its range (M 1-8, 9-16) on "
                          "every Gemma 3 size's shapes and the 31B's, and print the entries the timings justify")
+    ap.add_argument("--cells", default="",
+                    help="N:K:M[,N:K:M...]: time only these cells (e.g. the Gemma 4 31B NVFP4 output head, "
+                         "262144:5376:1)")
     ap.add_argument("--ncu", choices=("auto", "off"), default="auto")
     ap.add_argument("--dry-run", action="store_true", help="CPU, reference kernel: checks the script's flow only")
     ap.add_argument("--check-child", help=argparse.SUPPRESS)  # internal: run the correctness block, write progress here
@@ -675,6 +692,10 @@ def main() -> None:
         every_m = range_choice.RANGES["narrow"] + range_choice.RANGES["wide"]
         gemma3 = SHAPES_270M + SHAPES_1B + SHAPES_4B + SHAPES_12B + SHAPES_27B
         cells = [(s, m) for s in gemma3 + SHAPES_31B for m in every_m]
+    if args.cells:
+        cells = parse_cells(args.cells)
+        for s_, _ in cells:
+            NAMES.setdefault(s_, "cell")
     by_shape: dict[tuple[int, int], list[int]] = {}
     for s, m in cells:
         by_shape.setdefault(s, []).append(m)

@@ -240,8 +240,9 @@ SETTINGS: tuple[Setting, ...] = (
         "auto", f"auto, {_BOOL}",
         "NVFP4 on Hopper: the fused gate/up GEMV applies gelu_tanh(gate) * up in its "
         "epilogue (per layer one kernel and the gate/up output's round trip fewer, M<=16). "
-        "auto = on for the gate/up weights of Gemma 3 27B and Gemma 4 31B size and up, "
-        "measured faster end to end there and not at 1B (docs/performance.md); 1 = every "
+        "auto = on for gate/up weights of >= 100 MiB packed (the shape Gemma 3 27B and "
+        "Gemma 4 31B share), measured faster end to end at the 31B geometry and not at 1B "
+        "(docs/performance.md); 1 = every "
         "gate/up the kernel can take; 0 = never (the activation runs as MAX ops after the "
         "GEMV). The log says which and why.",
     ),

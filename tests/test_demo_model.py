@@ -456,3 +456,16 @@ def test_chat_template_tokenizes_turn_markers_as_single_tokens(fast_tokenizer) -
     assert ids[:2] == [2, start]
     assert ids.count(2) == 1
     assert ids.count(start) == 2 and ids.count(end) == 1
+
+
+def test_invariance_prompts_short_ones_fit_the_gemv_and_long_ones_do_not(fast_tokenizer) -> None:
+    """bench/harness/batch_invariance.py's English prompts as the real 270M
+    reads them: the default ones prefill alone within the NVFP4 GEMV's rows
+    (batched, together, above them), --long-prompts ones above them either way."""
+    from attnquant.graph.nvfp4 import GEMV_MAX_M
+    from tests.bench_modules import bench_module
+
+    invariance = bench_module("batch_invariance")
+    for long, fits in ((False, True), (True, False)):
+        lengths = [len(fast_tokenizer(p).input_ids) for p in invariance.prompt_texts(32, long=long)]
+        assert all((n <= GEMV_MAX_M) is fits for n in lengths), (long, lengths)

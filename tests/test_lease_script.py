@@ -151,6 +151,13 @@ def test_invariance_gated_adds_the_gated_cell_to_each_model(tmp_path: Path) -> N
             "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1"]
 
 
+def test_invariance_long_gives_the_270m_long_prompts_and_the_random_model_its_words(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_LONG="1")
+    runs = {c.split("--model ")[1].split()[0].rsplit("/", 1)[-1]: c for c in calls if "batch_invariance.py" in c}
+    assert "--long-prompts" in runs["g3-270m"] and "--prompt-words" not in runs["g3-270m"]
+    assert "--prompt-words" in runs["g3-1b"] and "--long-prompts" not in runs["g3-1b"]
+
+
 def test_sm90_cell_adds_a_forced_variant_to_the_padding_phase(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path, "padding", SM90_CELL="3:8:1:1")
     padding = next(c for c in calls if "serve_benchmark.py" in c)

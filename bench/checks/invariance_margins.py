@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--cells", nargs="*", help="cells to price (default: every attnquant cell)")
     parser.add_argument("--reference", help="also price each cell's departures from this cell (the MTP check's)")
     parser.add_argument("--prompt-words", action="store_true", help="the run used batch_invariance.py --prompt-words")
+    parser.add_argument("--long-prompts", action="store_true", help="the run used batch_invariance.py --long-prompts")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -153,7 +154,7 @@ def main() -> None:
     for spec in specs:
         result = results[spec]
         model = transformers_model(args.model, cell_env(spec))
-        prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]), args.prompt_words)]
+        prompts = [tokenizer(text).input_ids for text in prompt_texts(len(result["alone"]), args.prompt_words, args.long_prompts)]
         print(f"<!-- {spec}: {first_token_control(model, prompts, result['alone'])} -->")
         by_place: dict[tuple[int, int], list[str]] = {}
         got: dict[tuple[int, int], int | None] = {}

@@ -67,18 +67,26 @@ PROMPT_TOPICS = (
 WORDS_PER_PROMPT = 8
 
 
-def prompt_texts(n: int, words: bool = False) -> list[str]:
+LONG_PROMPT_TAIL = ", for a reader who has never seen one, in plain words, without lists, in the present tense"
+
+
+def prompt_texts(n: int, words: bool = False, long: bool = False) -> list[str]:
     """The ``n`` distinct prompts a run sends (bench/checks/invariance_margins.py replays them).
 
     ``words``: prompts of the words ``w<id>`` that the random checkpoints'
     word tokenizers know (bench/checkpoints/random_checkpoint.py). English
     text is all ``<unk>`` to them, whose embedding row is zero: every
     prompt then reads as the same zeros and every completion is ``<pad>``.
+    ``long``: English prompts of more than 16 tokens (Gemma's tokenizer).
+    The short ones (8-10 tokens) prefill alone on the NVFP4 GEMV, which
+    takes up to 16 rows, and batched on the dequantize + matmul route; long
+    ones take that route both ways.
     """
     if words:  # ids spread over the vocabulary, clear of the specials (< 21)
         return [" ".join(f"w{1000 + (7919 * (i * WORDS_PER_PROMPT + j)) % 200_000}" for j in range(WORDS_PER_PROMPT))
                 for i in range(n)]  # fmt: skip
-    return [f"Write a few sentences about {topic}." for topic in PROMPT_TOPICS[:n]]
+    tail = LONG_PROMPT_TAIL if long else ""
+    return [f"Write a few sentences about {topic}{tail}." for topic in PROMPT_TOPICS[:n]]
 
 
 def uninformative(alone: list[list[int]]) -> str | None:
@@ -186,6 +194,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-words", action="store_true",
                         help="prompts of w<id> words (the random checkpoints' word tokenizers know nothing else)")
+    parser.add_argument("--long-prompts", action="store_true",
+                        help="English prompts of more than 16 tokens: their prefill takes one NVFP4 route alone and batched")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--max-batch-size", type=int, default=64)
@@ -207,7 +217,9 @@ def main() -> None:
         parser.error("--oracle-drafts writes the reference cell's ids: it needs --reference")
     # SIGTERM (h200_lease.sh stop) unwinds through the finally below, which stops the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    prompts = prompt_texts(args.prompts, args.prompt_words)
+    if args.prompt_words and args.long_prompts:
+        parser.error("--prompt-words and --long-prompts: choose one (word prompts are for the random checkpoints)")
+    prompts = prompt_texts(args.prompts, args.prompt_words, args.long_prompts)
     cells = sorted((Cell.parse(spec) for spec in args.cells), key=lambda c: c.spec != args.reference)
     if any(cell.drafted_tokens for cell in cells) and not args.draft_model:
         parser.error("a *-mtp3 cell needs --draft-model (bench/checkpoints/make_random_gemma4_assistant.py writes one)")

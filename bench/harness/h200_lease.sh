@@ -66,7 +66,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -110,9 +110,9 @@ checkpoints() {
   ATTNQUANT_DEMO_MODEL_DIR="$WORK/g3-270m" python3 -m attnquant demo-model 2>&1 | tail -1
 }
 
-invariance() {  # invariance NAME MODEL PORT ARENA% words|text VARIANT...
+invariance() {  # invariance NAME MODEL PORT ARENA% words|text|long VARIANT...
   local name="$1" model="$2" port="$3" arena="$4" prompts=(); shift 4
-  [ "$1" = words ] && prompts=(--prompt-words); shift  # a random checkpoint's word tokenizer
+  case "$1" in words) prompts=(--prompt-words) ;; long) prompts=(--long-prompts) ;; esac; shift  # words: a random checkpoint's word tokenizer
   local cells=(); for v in "$@"; do cells+=("$v${MM}=$arena"); done
   OMP_NUM_THREADS=4 python3 "$HERE/batch_invariance.py" --model "$model" --port-base "$port" --cells "${cells[@]}" "${prompts[@]}" \
     --prompts 32 --tokens 64 --concurrency 8 32 64 --max-batch-size 64 --memory-fraction 0.6 \
@@ -230,7 +230,9 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
       gated=(${INVARIANCE_GATED:+attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1})
       if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" & fi
       if inv_wants 270m; then
-        invariance 270m "$WORK/g3-270m" 8310 5 text ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" &
+        prompts_270m=text; [ -n "${INVARIANCE_LONG:-}" ] && prompts_270m=long
+        invariance 270m "$WORK/g3-270m" 8310 5 "$prompts_270m" \
+          ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" &
       fi
       wait; say "invariance done"
     fi

@@ -149,6 +149,8 @@ VARIANTS = {
     "f1": Variant("reg", 1, 1), "f2": Variant("reg", 1, 1), "f4": Variant("reg", 1, 1),
     "fa": Variant("reg", 1, 1), "h1": Variant("reg", 2, 1),
     "g3": Variant("reg", 1, 1),  # gv0 with 8 k-groups per batch (80 registers)
+    # gv0 with a batch's 16 mma over 2 (g1) or 4 (gc4) accumulators: shorter dependency chains.
+    "g1": Variant("reg", 1, 1), "gc4": Variant("reg", 1, 1),
     "gh0": Variant("reg", 1, 1),  # gv0 with the global scale loaded before the loop
     # gv0's weight loads alone, 4, 8 or 16 k-groups per batch: the access pattern's own ceiling.
     "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
@@ -200,7 +202,7 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
     reg_kw = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
         out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
-        for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "ld0", "ld8", "ld16"):
+        for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "ld0", "ld8", "ld16"):
             out += [(name, 0)] + [(name, kw) for kw in reg_kw]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]

@@ -129,6 +129,11 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
         return text.index("ld.global.nc.b32") < text.index("ld.global.nc.L1::no_allocate.v4.u32")
 
     assert scale_before_weights(ptx["gh0"]) and not scale_before_weights(ptx["gv0"])
+    # l2_prefetch_h200.py's gap kernel: L2 prefetches, then a timed wait, and no load of its own.
+    assert "cp.async.bulk.prefetch.L2.global" in ptx["pfw"] and "%globaltimer" in ptx["pfw"]
+    assert "ld.global" not in ptx["pfw"]
+    # gvn (nvfp4_gemv_sm90_next_kernel) is gv0 plus the tail prefetch; gv0 itself prefetches nothing.
+    assert ptx["gvn"].count("cp.async.bulk.prefetch.L2.global") == 2 and "prefetch" not in ptx["gv0"]
 
 
 def test_the_sweep_times_only_the_cells_asked_for_and_refuses_a_bad_one(tmp_path: Path) -> None:
@@ -152,3 +157,35 @@ def test_the_sweep_times_only_the_cells_asked_for_and_refuses_a_bad_one(tmp_path
     assert best == ["BEST cell [64,320] M=1", "BEST cell [64,320] M=3"]
     bad = sweep("64:321:1")
     assert bad.returncode != 0 and "'64:321:1'" in bad.stderr and "multiple of 16" in bad.stderr
+
+
+def test_l2_prefetch_prefix_and_flow_run_on_cpu(tmp_path: Path) -> None:
+    """bench/kernel_timing/l2_prefetch_h200.py: a gap prefetches the first
+    n-tiles' share of codes and scales alike, in whole 16-byte pieces, never
+    past the weight; --dry-run goes through both parts and records them."""
+    import json
+    import subprocess
+    import sys
+
+    import torch
+
+    from attnquant.max_compat import child_environment
+
+    l2 = bench_module("l2_prefetch_h200")
+    w = l2.Weight(64, 320, torch.Generator().manual_seed(0))
+    assert w.nbytes == 64 * 320 // 2 + 64 * 320 // 16
+    cb, sb = w.prefix(w.nbytes // 2)
+    assert cb % 16 == 0 and sb % 16 == 0 and abs(cb / w.codes.numel() - 0.5) < 0.01 and abs(sb / w.scales.numel() - 0.5) < 0.02
+    assert w.prefix(10 * w.nbytes) == (w.codes.numel(), w.scales.numel())
+    assert w.prefix(0) == (0, 0)
+    script = ROOT / "bench" / "kernel_timing" / "l2_prefetch_h200.py"
+    r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--gaps", "0,5"],
+                       capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "l2_prefetch_h200.jsonl").read_text().splitlines()]
+    assert [(x["gap_us"], x["cap_mb"]) for x in rows if x["part"] == "single"] == [(0, 24), (0, 40), (5, 24), (5, 40)]
+    chain = [(x["policy"], x["cap_mb"]) for x in rows if x["part"] == "chain"]
+    assert chain == [("none", 0), ("gap", 24), ("gap", 40), ("tail", 24), ("tail", 40)]
+    bad = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--layer-gaps", "1,2"],
+                         capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert bad.returncode != 0 and "'1,2'" in bad.stderr and "four values" in bad.stderr

@@ -6,15 +6,18 @@
 # bench/kernel_timing/kernels_h200.py (and nvfp4_ptx_bench.py) load the PTX on
 # the H200 with CuPy: kernel-level timing with no MAX install.
 
-from max.gpu import block_idx, thread_idx
+from max.gpu import block_dim, block_idx, grid_dim, thread_idx
+from std.sys._assembly import inlined_assembly
 from max.gpu.host import DeviceContext
 from max.gpu import lane_id
 from attnquant_ops.nvfp4_matmul import (
     _ldg_stream_u16,
     _ldg_stream_v4,
+    _prefetch_l2,
     nvfp4_dequant_sm90_kernel,
     nvfp4_gemv_sm90_async_kernel,
     nvfp4_gemv_sm90_kernel,
+    nvfp4_gemv_sm90_next_kernel,
 )
 from attnquant_ops.nvfp4_gemv_bulk import (
     nvfp4_gemv_sm90_bulk_kernel,
@@ -34,6 +37,13 @@ comptime F32 = Pointer[Float32, ImmutAnyOrigin]
 # kernels_h200.py and nvfp4_ptx_bench.py map them to their parameters).
 def gv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+# gv0 that prefetches the next weight's first bytes into L2 as its warps finish
+# (l2_prefetch_h200.py; nc/ncb, ns/nsb: the next codes and scales, fb: the first block that does).
+def gvn(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64,
+        nc: U8, ncb: Int64, ns: U8, nsb: Int64, fb: Int64):
+    nvfp4_gemv_sm90_next_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw, nc, ncb, ns, nsb, fb)
 
 
 def gh0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
@@ -255,6 +265,35 @@ def nul(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
         y.unsafe_store(Int(block_idx.x), (g.unsafe_load(0) * 0.0).cast[DType.bfloat16]())
 
 
+@always_inline
+def _globaltimer_ns() -> UInt64:
+    return inlined_assembly["mov.u64 $0, %globaltimer;", UInt64, constraints="=l", has_side_effect=True]()
+
+
+def pfw(c: U8, cbytes: Int64, s: U8, sbytes: Int64, wait_ns: Int64, piece: Int64):
+    """Diagnostic, not a GEMV (bench/kernel_timing/l2_prefetch_h200.py): a
+    stand-in for the kernels a decoder layer runs between two projections.
+    Every thread asks the copy engine to bring its share of the first cbytes
+    code bytes and sbytes scale bytes into L2 (`piece` bytes per request,
+    fire and forget), then thread 0 of block 0 waits until wait_ns have passed
+    since it started: a gap of known length with no weight traffic of its own."""
+    var t0 = _globaltimer_ns()
+    var tid = Int(block_idx.x) * Int(block_dim.x) + Int(thread_idx.x)
+    var threads = Int(grid_dim.x) * Int(block_dim.x)
+    var pc = Int(piece)
+    var i = tid * pc
+    while i < Int(cbytes):
+        _prefetch_l2(c.unsafe_offset(i), min(pc, Int(cbytes) - i))
+        i += threads * pc
+    i = tid * pc
+    while i < Int(sbytes):
+        _prefetch_l2(s.unsafe_offset(i), min(pc, Int(sbytes) - i))
+        i += threads * pc
+    if tid == 0:
+        while _globaltimer_ns() - t0 < UInt64(Int(wait_ns)):
+            pass
+
+
 def dq(w: BF, c: U8, s: U8, g: F32, n: Int64, k: Int64, kg: Int64, total: Int64):
     nvfp4_dequant_sm90_kernel(w, c, s, g, n, k, kg, total)
 
@@ -265,9 +304,12 @@ def main() raises:
         var b2 = ctx.enqueue_create_buffer[DType.bfloat16](64)
         var u = ctx.enqueue_create_buffer[DType.uint8](64)
         var u2 = ctx.enqueue_create_buffer[DType.uint8](64)
+        var u3 = ctx.enqueue_create_buffer[DType.uint8](64)
+        var u4 = ctx.enqueue_create_buffer[DType.uint8](64)
         var f = ctx.enqueue_create_buffer[DType.float32](1)
         var z = Int64(0)
         ctx.enqueue_function[gv0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gvn](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, u3.unsafe_ptr(), z, u4.unsafe_ptr(), z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gh0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gc4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
@@ -312,4 +354,5 @@ def main() raises:
         ctx.enqueue_function[ld16](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ld0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[nul](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[pfw](u.unsafe_ptr(), z, u2.unsafe_ptr(), z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[dq](b.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, grid_dim=1, block_dim=32)

@@ -21,7 +21,7 @@ from std.memory import bitcast, stack_allocation
 from std.sys import _RegisterPackType
 from std.sys._assembly import inlined_assembly
 
-from max.gpu import barrier, block_dim, block_idx, lane_id, thread_idx
+from max.gpu import barrier, block_dim, block_idx, grid_dim, lane_id, thread_idx
 from max.gpu.host import DeviceAttribute, DeviceContext, FuncAttribute
 from max.gpu.memory import (
     AddressSpace,
@@ -486,6 +486,33 @@ def _gemv_batch[
                     accs[i] = _mma_bf16(a, xf[mt][2 * t], xf[mt][2 * t + 1], accs[i])
 
 
+@always_inline
+def _prefetch_next_share(
+    next_codes: Pointer[UInt8, ImmutAnyOrigin],
+    code_bytes: Int,
+    next_scales: Pointer[UInt8, ImmutAnyOrigin],
+    scale_bytes: Int,
+    first_block: Int,
+):
+    """Lane 0 of each warp of blocks >= first_block (grid row 0) asks the
+    copy engine to bring its even share of the next weight's first code and
+    scale bytes into L2, fire and forget: those bytes then arrive while the
+    kernels between this projection and the next run, which leave HBM idle.
+    Blocks before first_block start earlier and would only compete with this
+    kernel's own stream (and see their lines evicted by it)."""
+    if Int(block_idx.x) < first_block or Int(block_idx.y) != 0 or Int(lane_id()) != 0:
+        return
+    var per_block = Int(block_dim.x) // 32
+    var warps = (Int(grid_dim.x) - first_block) * per_block
+    var w = (Int(block_idx.x) - first_block) * per_block + Int(thread_idx.x) // 32
+    var share = ceildiv(ceildiv(code_bytes, warps), 16) * 16
+    if w * share < code_bytes:
+        _prefetch_l2(next_codes.unsafe_offset(w * share), min(share, code_bytes - w * share))
+    share = ceildiv(ceildiv(scale_bytes, warps), 16) * 16
+    if w * share < scale_bytes:
+        _prefetch_l2(next_scales.unsafe_offset(w * share), min(share, scale_bytes - w * share))
+
+
 def nvfp4_gemv_sm90_kernel[
     MT: Int,
     TN: Int,
@@ -508,6 +535,71 @@ def nvfp4_gemv_sm90_kernel[
     n_tiles: Int64,
     k_groups: Int64,
     kw: Int64,
+):
+    """The register-staged GEMV (_gemv_sm90_body)."""
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False](
+        y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw, codes, 0, scales, 0, 0
+    )
+
+
+def nvfp4_gemv_sm90_next_kernel[
+    MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int = 1, GATED: Bool = False
+](
+    y: Pointer[BFloat16, MutAnyOrigin],
+    x: Pointer[BFloat16, ImmutAnyOrigin],
+    codes: Pointer[UInt8, ImmutAnyOrigin],
+    scales: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    m_rows: Int64,
+    n_rows: Int64,
+    k: Int64,
+    n_tiles: Int64,
+    k_groups: Int64,
+    kw: Int64,
+    next_codes: Pointer[UInt8, ImmutAnyOrigin],
+    next_code_bytes: Int64,
+    next_scales: Pointer[UInt8, ImmutAnyOrigin],
+    next_scale_bytes: Int64,
+    next_first_block: Int64,
+):
+    """nvfp4_gemv_sm90_kernel that, once a warp's k slice is done, prefetches
+    its share of the next projection's first bytes into L2
+    (_prefetch_next_share)."""
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, 0, GATED, False, True](
+        y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw,
+        next_codes, next_code_bytes, next_scales, next_scale_bytes, next_first_block,
+    )
+
+
+@always_inline
+def _gemv_sm90_body[
+    MT: Int,
+    TN: Int,
+    NW: Int,
+    KW_MAX: Int,
+    U: Int,
+    ACC: Int,
+    PF: Int,
+    GATED: Bool,
+    EARLY_SCALE: Bool,
+    NEXT: Bool,
+](
+    y: Pointer[BFloat16, MutAnyOrigin],
+    x: Pointer[BFloat16, ImmutAnyOrigin],
+    codes: Pointer[UInt8, ImmutAnyOrigin],
+    scales: Pointer[UInt8, ImmutAnyOrigin],
+    global_scale: Pointer[Float32, ImmutAnyOrigin],
+    m_rows: Int64,
+    n_rows: Int64,
+    k: Int64,
+    n_tiles: Int64,
+    k_groups: Int64,
+    kw: Int64,
+    next_codes: Pointer[UInt8, ImmutAnyOrigin],
+    next_code_bytes: Int64,
+    next_scales: Pointer[UInt8, ImmutAnyOrigin],
+    next_scale_bytes: Int64,
+    next_first_block: Int64,
 ):
     """Block = NW x kw warps. Warp (nw, kwi) owns n-tiles [TN*(block*NW+nw), +TN)
     and the kwi-th contiguous slice of the k-groups; MT m8-tiles of
@@ -579,6 +671,10 @@ def nvfp4_gemv_sm90_kernel[
                 _prefetch_groups[TN](cptr, sptr, p, min(U, kg_end - p))
         _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
         kg += U
+    comptime if NEXT:
+        _prefetch_next_share(
+            next_codes, Int(next_code_bytes), next_scales, Int(next_scale_bytes), Int(next_first_block)
+        )
 
     var acc = Array[SIMD[DType.float32, 4], TN * MT](fill=SIMD[DType.float32, 4](0))
     comptime for i in range(TN * MT):

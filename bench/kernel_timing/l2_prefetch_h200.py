@@ -32,6 +32,7 @@ ON THE DEVICE: python3 bench/kernel_timing/l2_prefetch_h200.py --out $OUT
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -192,8 +193,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     out = (args.out / "l2_prefetch_h200.jsonl").open("w")
 
-    def log(msg: str) -> None:
-        print(msg, flush=True)
+    log = functools.partial(print, flush=True)
 
     def record(row: dict) -> None:
         out.write(json.dumps(row) + "\n")

@@ -24,6 +24,10 @@ unless prefetched.
    doing so once its warps are done (gvn, nvfp4_gemv_sm90_next_kernel: no
    launch of its own, the prefetch starts during the GEMV's tail).
 
+Measured on an H100 (docs/dev/kernels.md, seventh sweep): no. A weight
+already in L2 saves at most 17 % of one projection's time (o), and the bulk
+prefetches stream at ~0.9 TB/s and hold up the kernels that follow.
+
 HERE (no GPU): MOJO=.venv/bin/mojo bash bench/kernel_timing/build_ptx.sh
 ON THE DEVICE: python3 bench/kernel_timing/l2_prefetch_h200.py --out $OUT
 (carry bench/ptx; ~1 minute). --dry-run checks the script's flow on the CPU.

@@ -562,9 +562,11 @@ def nvfp4_gemv_sm90_next_kernel[
     next_scale_bytes: Int64,
     next_first_block: Int64,
 ):
-    """nvfp4_gemv_sm90_kernel that, once a warp's k slice is done, prefetches
-    its share of the next projection's first bytes into L2
-    (_prefetch_next_share)."""
+    """Bench harness only (gvn): nvfp4_gemv_sm90_kernel that, once a warp's k
+    slice is done, prefetches its share of the next projection's first bytes
+    into L2 (_prefetch_next_share). Measured slower on Hopper: the bulk
+    prefetches stream at under a third of copy bandwidth and hold up what
+    follows (docs/dev/kernels.md, seventh sweep)."""
     _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, 0, GATED, False, True](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw,
         next_codes, next_code_bytes, next_scales, next_scale_bytes, next_first_block,

@@ -496,10 +496,11 @@ def _prefetch_next_share(
 ):
     """Lane 0 of each warp of blocks >= first_block (grid row 0) asks the
     copy engine to bring its even share of the next weight's first code and
-    scale bytes into L2, fire and forget: those bytes then arrive while the
-    kernels between this projection and the next run, which leave HBM idle.
-    Blocks before first_block start earlier and would only compete with this
-    kernel's own stream (and see their lines evicted by it)."""
+    scale bytes into L2, fire and forget, meant to arrive while the kernels
+    between this projection and the next leave HBM idle (measured slower:
+    nvfp4_gemv_sm90_next_kernel). Blocks before first_block start earlier and
+    would only compete with this kernel's own stream (and see their lines
+    evicted by it)."""
     if Int(block_idx.x) < first_block or Int(block_idx.y) != 0 or Int(lane_id()) != 0:
         return
     var per_block = Int(block_dim.x) // 32

@@ -188,6 +188,11 @@ def pick_kw(blocks: int, k_groups: int, target_warps: int) -> int:
     return max(min(kw, k_groups), 1)
 
 
+def reg_kw(n_tiles: int, k_groups: int, kw: int = 0) -> int:
+    """The kw a register kernel (gv0 and its kin) runs with: kw, else the op's pick."""
+    return min(kw or pick_kw(n_tiles, k_groups, 2560), 16)
+
+
 def bulk_smem_bytes(v: Variant, kw: int) -> int:
     red_off = (kw * v.stages * v.tn * v.g * 576 + kw * v.stages * 8 + 15) // 16 * 16
     return red_off + kw * v.tn * v.mt * 512
@@ -347,7 +352,7 @@ class Kernels:
         args = (y, x, codes, scales, gs, m, n, k, nt, kg)
         gy = -(-m // (8 * v.mt))
         if v.kind == "reg":
-            kw = min(kw or pick_kw(nt, kg, 2560), 16)
+            kw = reg_kw(nt, kg, kw)
             self.raw(name, (nt, gy, 1), (kw * 32, 1, 1), (*args, kw))
         elif v.kind == "async":
             blocks = -(-nt // v.tn)

@@ -53,7 +53,6 @@ from kernels.sm90_layout import prepare_weights  # noqa: E402  (kernels_h200 put
 PIECE = 32 * 1024  # bytes per prefetch request
 GAP_GRID = (132, 1, 1)
 GAP_BLOCK = (128, 1, 1)
-LAYER_31B = kh.SHAPES_31B  # q|k|v, o, gate|up, down, in the order a layer runs them
 
 
 class Weight:
@@ -73,13 +72,10 @@ class Weight:
 
 
 def gap(ks, w: Weight | None, cap: int, wait_us: float) -> None:
+    """pfw: wait_us, prefetching w's first cap bytes (none: null pointers, 0 bytes, never read)."""
     cb, sb = w.prefix(cap) if (w is not None and cap > 0) else (0, 0)
-    c = w.codes if w is not None else _DUMMY[0]
-    s = w.scales if w is not None else _DUMMY[0]
+    c, s = (w.codes, w.scales) if w is not None else (0, 0)
     ks.raw("pfw", GAP_GRID, GAP_BLOCK, (c, cb, s, sb, int(wait_us * 1e3), PIECE))
-
-
-_DUMMY: list[torch.Tensor] = []
 
 
 def us_per(fn, count: int, replays: int = 20) -> float:
@@ -127,18 +123,19 @@ def tail_gemv(ks, y, x, w: Weight, gs, nxt: Weight, cap: int, sms: int) -> None:
     """gvn: gv0 whose last wave's warps, once their k slices are done, prefetch
     the next weight's first `cap` bytes into L2 (no launch of its own)."""
     nt, kg = w.codes.shape[0] // 16, w.codes.shape[1] // 32
-    kw = min(kh.pick_kw(nt, kg, 2560), 16)
+    kw = kh.reg_kw(nt, kg)
     first_block = max(0, nt - sms * (32 // kw))  # gv0: 32 warps an SM at 64 registers
     cb, sb = nxt.prefix(cap)
     ks.raw("gvn", (nt, 1, 1), (kw * 32, 1, 1),
            (y, x, w.codes, w.scales, gs, 1, w.n, w.k, nt, kg, kw, nxt.codes, cb, nxt.scales, sb, first_block))
 
 
-def layer_chain(ks, dev, gen, gaps, caps, log, record, sms: int, layers: int = 3) -> None:
+def layer_chain(ks, dev, gen, shapes, gaps, caps, log, record, sms: int, layers: int = 3) -> None:
+    """shapes: a layer's projections in the order it runs them."""
     gs = torch.tensor([0.0123], dtype=torch.float32, device=dev)
-    stack = [[Weight(n, k, gen) for n, k in LAYER_31B] for _ in range(layers)]
-    xs = {k: torch.randn(1, k, dtype=torch.bfloat16, device=dev, generator=gen) for _, k in LAYER_31B}
-    ys = {n: torch.empty(1, n, dtype=torch.bfloat16, device=dev) for n, _ in LAYER_31B}
+    stack = [[Weight(n, k, gen) for n, k in shapes] for _ in range(layers)]
+    xs = {k: torch.randn(1, k, dtype=torch.bfloat16, device=dev, generator=gen) for _, k in shapes}
+    ys = {n: torch.empty(1, n, dtype=torch.bfloat16, device=dev) for n, _ in shapes}
 
     def chain(policy: str, cap: int) -> None:
         """policy none: gv0 and plain gaps; gap: each gap prefetches the next
@@ -146,7 +143,7 @@ def layer_chain(ks, dev, gen, gaps, caps, log, record, sms: int, layers: int = 3
         for li, layer in enumerate(stack):
             for pi, w in enumerate(layer):
                 nxt = layer[pi + 1] if pi + 1 < len(layer) else stack[(li + 1) % layers][0]
-                if policy == "tail" and not kh.DRY:
+                if policy == "tail":
                     tail_gemv(ks, ys[w.n], xs[w.k], w, gs, nxt, cap, sms)
                 else:
                     ks.gemv("gv0", ys[w.n], xs[w.k], w.codes, w.scales, gs, 1, w.n, w.k)
@@ -191,9 +188,9 @@ def main() -> None:
         raise SystemExit(f"--layer-gaps: {args.layer_gaps!r} needs four values (after q|k|v, o, gate|up, down)")
     shapes = {"31b": kh.SHAPES_31B, "1b": kh.SHAPES_1B, "4b": kh.SHAPES_4B}
     chosen = [s for key in args.shapes.split(",") for s in shapes[key]]
+    layer = kh.SHAPES_31B  # q|k|v, o, gate|up, down, in the order a layer runs them
     if kh.DRY:
         chosen, layer = [(48, 320)], [(48, 320), (32, 64), (64, 320), (32, 128)]
-        globals()["LAYER_31B"] = layer
     args.out.mkdir(parents=True, exist_ok=True)
     out = (args.out / "l2_prefetch_h200.jsonl").open("w")
 
@@ -213,12 +210,11 @@ def main() -> None:
         log(f"device: {p.name}, {p.multi_processor_count} SMs, L2 {p.L2_cache_size >> 20} MB")
         copy_tbs, read_tbs = kh.bandwidth()
         log(f"copy bandwidth {copy_tbs:.2f} TB/s, read-only {read_tbs:.2f} TB/s")
-    _DUMMY.append(torch.zeros(16, dtype=torch.uint8, device=dev))
     gen = torch.Generator(device=dev).manual_seed(int(time.time()))
     t0 = time.time()
     single_projection(ks, dev, gen, chosen, gaps, caps, log, record)
     log(f"part 1: {time.time() - t0:.0f} s")
-    layer_chain(ks, dev, gen, layer_gaps, caps, log, record, sms)
+    layer_chain(ks, dev, gen, layer, layer_gaps, caps, log, record, sms)
     log(f"done in {time.time() - t0:.0f} s")
 
 

@@ -134,6 +134,29 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
     assert "ld.global" not in ptx["pfw"]
     # gvn (nvfp4_gemv_sm90_next_kernel) is gv0 plus the tail prefetch; gv0 itself prefetches nothing.
     assert ptx["gvn"].count("cp.async.bulk.prefetch.L2.global") == 2 and "prefetch" not in ptx["gv0"]
+    # gv0 and g4 are built for K % 64 == 0 (ALIGNED_K): no activation clamp in their
+    # k loop, which their guarded twins (what the op runs for other K) keep.
+    for aligned, guarded in (("gv0", "gvg"), ("g4", "gwg")):
+        assert ptx[aligned].count("min.s64") < ptx[guarded].count("min.s64"), aligned
+
+
+def test_an_aligned_only_kernel_gives_way_to_its_guarded_twin_when_k_is_not_a_multiple_of_64() -> None:
+    """kernels_h200.Kernels.gemv launches what the op's _launch_gemv would:
+    gv0 / g4 for K % 64 == 0, gvg / gwg otherwise; a gated kernel with no
+    guarded twin refuses such a K instead of reading activations past it."""
+    import torch
+
+    sweep = bench_module("kernels_h200")
+    launched = []
+    ks = object.__new__(sweep.Kernels)  # no CuPy: only the launch decision is under test
+    ks.raw = lambda name, grid, block, args, smem=0: launched.append(name)
+    y, x = torch.empty(1, 48), torch.empty(1, 80)
+    codes, scales = torch.empty(48, 2 * 32, dtype=torch.uint8), torch.empty(48, 2 * 4, dtype=torch.uint8)
+    for name, k, want in (("gv0", 128, "gv0"), ("gv0", 80, "gvg"), ("g4", 80, "gwg"), ("a5", 80, "a5")):
+        ks.gemv(name, y, x, codes, scales, None, 1, 48, k)
+        assert launched[-1] == want, (name, k, launched[-1])
+    with pytest.raises(ValueError, match="zv0 needs K % 64 == 0, got K=80"):
+        ks.gemv("zv0", y, x, codes, scales, None, 1, 24, 80)
 
 
 def test_the_sweep_times_only_the_cells_asked_for_and_refuses_a_bad_one(tmp_path: Path) -> None:
@@ -189,3 +212,29 @@ def test_l2_prefetch_prefix_and_flow_run_on_cpu(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--layer-gaps", "1,2"],
                          capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
     assert bad.returncode != 0 and "'1,2'" in bad.stderr and "four values" in bad.stderr
+
+
+def test_read_ceiling_fits_a_line_and_its_flow_runs_on_cpu(tmp_path: Path) -> None:
+    """bench/kernel_timing/read_ceiling_h200.py: the fit recovers a known
+    stream rate and fixed cost; --dry-run times every reader on each shape
+    and prints one table row per shape and one fit per reader family."""
+    import json
+    import subprocess
+    import sys
+
+    from attnquant.max_compat import child_environment
+
+    rc = bench_module("read_ceiling_h200")
+    stream, fixed = rc.fit([(mb, mb / 3.0 + 2.5) for mb in (10.0, 50.0, 130.0)])  # MB / (TB/s) = us
+    assert abs(stream - 3.0) < 1e-9 and abs(fixed - 2.5) < 1e-9
+    assert rc.fit([(10.0, 5.0)]) is None
+    script = ROOT / "bench" / "kernel_timing" / "read_ceiling_h200.py"
+    r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "read_ceiling_h200.jsonl").read_text().splitlines()]
+    readers = ["sum", "copy", "cublas", "ld0 kw4", "ld0 kw8", "gv0 kw4", "gv0 kw8"]
+    assert [x["reader"] for x in rows] == readers * 2
+    assert len([line for line in r.stdout.splitlines() if line.startswith("| cell |")]) == 2
+    fits = [line.split(":")[0].strip() for line in r.stdout.splitlines() if "fixed" in line and "per launch" in line]
+    assert fits == ["sum", "copy", "cublas", "ld0", "gv0"]

@@ -36,7 +36,8 @@ comptime F32 = Pointer[Float32, ImmutAnyOrigin]
 # compiler truncates names, hence short ones; the VARIANTS tables of
 # kernels_h200.py and nvfp4_ptx_bench.py map them to their parameters).
 def gv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+    """K % 64 == 0 only; kernels_h200.py launches gvg for other K, as the op does."""
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, False, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 # gv0 that prefetches the next weight's first bytes into L2 as its warps finish
@@ -59,6 +60,16 @@ def gc4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# gv0 and g4 (gwg) with every batch guarded and clamped: what the op launches when K % 64 != 0
+# (and what gv0 and g4 were for every K before 2026-12-06).
+def gvg(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def gwg(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
 def g2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 2, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
 
@@ -68,7 +79,8 @@ def g3(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: In
 
 
 def g4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+    """K % 64 == 0 only (gwg otherwise)."""
+    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 0, False, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 def g5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
@@ -192,7 +204,7 @@ def h1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: In
 # Gated (an MLP's gate|up, rows interleaved by 8; stores gelu_tanh(gate) * up, n = N/2):
 # the kernels the gate|up shapes run, for bench/kernel_timing/gated_h200.py.
 def zv0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 def za5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
@@ -200,7 +212,7 @@ def za5(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
 
 
 def zg4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+    nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2, 0, True, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 def zb3s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
@@ -313,6 +325,8 @@ def main() raises:
         ctx.enqueue_function[gh0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gc4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gvg](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gwg](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g3](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)

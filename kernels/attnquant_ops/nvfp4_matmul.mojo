@@ -429,7 +429,7 @@ def _store_fragment[
 
 @always_inline
 def _gemv_batch[
-    U: Int, TN: Int, MT: Int, ACC: Int
+    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True
 ](
     mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
     cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
@@ -450,11 +450,13 @@ def _gemv_batch[
     first decode depend on all U loads, so they are issued together.
 
     cptr/sptr: this lane's code/scale bytes of each n-tile at k-group 0;
-    xptr: its activation row(s) at its k offset; xlimit clamps k (padding)."""
+    xptr: its activation row(s) at its k offset; xlimit clamps k (padding).
+    FULL: nb == U, no per-group guard. XCLAMP False: K % 64 == 0, so no
+    k-group reaches past K and the activation offsets need no clamp."""
     var wv = Array[SIMD[DType.uint32, 4], U * TN](fill=SIMD[DType.uint32, 4](0))
     var sv = Array[UInt32, U * TN](fill=0)
     comptime for u in range(U):
-        if u < nb:
+        if FULL or u < nb:
             comptime for tn in range(TN):
                 wv[u * TN + tn] = _ldg_stream_v4(cptr[tn].unsafe_offset((kg + u) * 512))
                 sv[u * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset((kg + u) * 64))
@@ -464,11 +466,15 @@ def _gemv_batch[
             dep |= wv[u * TN + tn][0] | sv[u * TN + tn]
     wv[0][0] ^= dep & opaque_zero
     comptime for u in range(U):
-        if u >= nb:
-            break
+        comptime if not FULL:
+            if u >= nb:
+                break
         var xf = Array[SIMD[DType.uint32, 8], MT](fill=SIMD[DType.uint32, 8](0))
         comptime for mt in range(MT):
-            var v = xptr[mt].unsafe_load[width=16, alignment=32](min((kg + u) * 64, xlimit))
+            var xoff = (kg + u) * 64
+            comptime if XCLAMP:
+                xoff = min(xoff, xlimit)
+            var v = xptr[mt].unsafe_load[width=16, alignment=32](xoff)
             xf[mt] = bitcast[DType.uint32, 8](v)
         comptime for tn in range(TN):
             var s = sv[u * TN + tn]
@@ -524,6 +530,7 @@ def nvfp4_gemv_sm90_kernel[
     PF: Int = 0,
     GATED: Bool = False,
     EARLY_SCALE: Bool = False,
+    ALIGNED_K: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -538,7 +545,7 @@ def nvfp4_gemv_sm90_kernel[
     kw: Int64,
 ):
     """The register-staged GEMV (_gemv_sm90_body)."""
-    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False](
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw, codes, 0, scales, 0, 0
     )
 
@@ -586,6 +593,7 @@ def _gemv_sm90_body[
     GATED: Bool,
     EARLY_SCALE: Bool,
     NEXT: Bool,
+    ALIGNED_K: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -621,7 +629,16 @@ def _gemv_sm90_body[
 
     EARLY_SCALE (bench harness only): the global scale is loaded before the
     loop, not after it, so its latency is not on the last warp's path to the
-    store."""
+    store.
+
+    ALIGNED_K (K % 64 == 0, which every Gemma projection is; _launch_gemv
+    picks it): no k-group reaches past K, so the activation loads need no
+    clamp, and whole batches run with no per-group guard, the slice's last
+    partial batch apart. A batch's four activation loads then come from one
+    base address with immediate offsets: ~20 % fewer instructions per
+    k-group, same arithmetic in the same order (bit-identical output).
+    Otherwise every batch is guarded and clamped (a zero-code padding group
+    must not read activations past K)."""
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
     var nw = warp % NW
@@ -666,14 +683,22 @@ def _gemv_sm90_body[
         if lane == 0 and ahead > 0:  # batch 0's own loads are issued next anyway
             _prefetch_groups[TN](cptr, sptr, kg_begin + U, ahead)
     var kg = kg_begin
-    while kg < kg_end:
-        var nb = min(U, kg_end - kg)
-        comptime if PF > 0:
-            var p = kg + PF * U
-            if lane == 0 and p < kg_end:
-                _prefetch_groups[TN](cptr, sptr, p, min(U, kg_end - p))
-        _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
-        kg += U
+    comptime if ALIGNED_K:
+        comptime assert PF == 0, "the L2 prefetch variants keep the guarded loop"
+        while kg + U <= kg_end:
+            _gemv_batch[U, TN, MT, ACC, True, False](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            kg += U
+        if kg < kg_end:
+            _gemv_batch[U, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
+    else:
+        while kg < kg_end:
+            var nb = min(U, kg_end - kg)
+            comptime if PF > 0:
+                var p = kg + PF * U
+                if lane == 0 and p < kg_end:
+                    _prefetch_groups[TN](cptr, sptr, p, min(U, kg_end - p))
+            _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
+            kg += U
     comptime if NEXT:
         _prefetch_next_share(
             next_codes, Int(next_code_bytes), next_scales, Int(next_scale_bytes), Int(next_first_block)
@@ -980,21 +1005,29 @@ def _launch_gemv[
     var blocks_n = ceildiv(n_tiles, NW * TN)
     var kw = kw_override if kw_override > 0 else _pick_kw(blocks_n * NW, k_groups, 2560)
     kw = min(kw, KW_MAX)
-    ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U, ACC, 0, GATED]](
-        y,
-        x,
-        codes,
-        scales,
-        global_scale,
-        Int64(m_rows),
-        Int64(n_rows),
-        Int64(k),
-        Int64(n_tiles),
-        Int64(k_groups),
-        Int64(kw),
-        grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
-        block_dim=NW * kw * 32,
-    )
+
+    @parameter
+    def launch[ALIGNED_K: Bool]() raises:
+        ctx.enqueue_function[nvfp4_gemv_sm90_kernel[MT, TN, NW, KW_MAX, U, ACC, 0, GATED, False, ALIGNED_K]](
+            y,
+            x,
+            codes,
+            scales,
+            global_scale,
+            Int64(m_rows),
+            Int64(n_rows),
+            Int64(k),
+            Int64(n_tiles),
+            Int64(k_groups),
+            Int64(kw),
+            grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
+            block_dim=NW * kw * 32,
+        )
+
+    if k % 64 == 0:
+        launch[True]()
+    else:
+        launch[False]()
 
 
 def _launch_async[

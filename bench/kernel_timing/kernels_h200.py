@@ -24,8 +24,10 @@ What it does, in order (a budget guard skips what no longer fits and says so):
    kernel, read + write, and a read-only sum), launch floor (an empty kernel,
    64 launches in a CUDA graph);
 2. correctness: every variant (old 0-2 and new 3-8, each cluster split) on
-   unaligned shapes (N % 16 != 0, K % 64 != 0) and M = 1, 3, 9, 17 against
-   float64, output poisoned with NaN before every launch, fresh inputs each;
+   CHECK_SHAPES (N % 16 != 0, K % 64 != 0, and aligned) and M = 1, 3, 9, 17
+   against float64, output poisoned with NaN before every launch, fresh
+   inputs each; the aligned-only kernels (ALIGNED_ONLY) also bit for bit
+   against their guarded twins;
 3. timing: Gemma 4 31B shapes at M = 1, 4, 16, Gemma 3 1B and 4B projection
    shapes at M = 1, 2, 4, 8, 16; every (variant, kw, splitk) candidate is
    checked against float64 on fresh inputs and then timed (weight sets rotated

@@ -161,6 +161,8 @@ VARIANTS = {
     # gv0 and g4 with every batch guarded and clamped: the op's kernels for K % 64 != 0 (ALIGNED_ONLY).
     "gvg": Variant("reg", 1, 1), "gwg": Variant("reg", 2, 1),
     "gvr": Variant("reg", 1, 1),  # gv0 assembled with <= 56 registers (build_ptx.sh): 36 warps an SM
+    # gv0 software-pipelined in registers (PIPE): stages of 2 (gp) or 3 (gq) k-groups.
+    "gp": Variant("reg", 1, 1), "gq": Variant("reg", 1, 1),
     "gh0": Variant("reg", 1, 1),  # gv0 with the global scale loaded before the loop
     # gv0's weight loads alone, 4, 8 or 16 k-groups per batch: the access pattern's own ceiling.
     "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
@@ -172,7 +174,7 @@ ASSEMBLED_FROM = {"gvr": "gv0"}
 """Harness kernels that build_ptx.sh assembles from another kernel's PTX with
 other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
 
-ALIGNED_ONLY = {"gv0": "gvg", "gvr": "gvg", "g4": "gwg", "zv0": None, "zg4": None}
+ALIGNED_ONLY = {"gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "zv0": None, "zg4": None}
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
 -> the guarded kernel _launch_gemv runs for other K, which Kernels.gemv then
 launches in their place, as the op does (None: none built; the gated shapes
@@ -227,7 +229,7 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
     reg_kw = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
         out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
-        for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "gvg", "gvr", "ld0", "ld8", "ld16"):
+        for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "gvg", "gvr", "gp", "gq", "ld0", "ld8", "ld16"):
             out += [(name, 0)] + [(name, kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]

@@ -66,6 +66,16 @@ def gvg(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# gv0 software-pipelined in registers: the next 2 (gp) or 3 (gq) k-groups' loads issued
+# before this stage's mma (kernel parameter PIPE; K % 64 == 0 only).
+def gp(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, False, False, True, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def gq(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, False, False, True, 3](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
 def gwg(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
     nvfp4_gemv_sm90_kernel[2, 1, 1, 16, 4, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
 
@@ -326,6 +336,8 @@ def main() raises:
         ctx.enqueue_function[g1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gc4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gvg](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gp](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gq](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[gwg](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[g3](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)

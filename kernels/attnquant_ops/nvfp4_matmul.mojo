@@ -428,6 +428,65 @@ def _store_fragment[
 
 
 @always_inline
+def _load_groups[
+    U: Int, TN: Int, FULL: Bool
+](
+    mut wv: Array[SIMD[DType.uint32, 4], U * TN],
+    mut sv: Array[UInt32, U * TN],
+    cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    sptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    kg: Int,
+    nb: Int,
+):
+    """The weight and scale loads of up to U (nb) k-groups from k-group kg."""
+    comptime for u in range(U):
+        if FULL or u < nb:
+            comptime for tn in range(TN):
+                wv[u * TN + tn] = _ldg_stream_v4(cptr[tn].unsafe_offset((kg + u) * 512))
+                sv[u * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset((kg + u) * 64))
+
+
+@always_inline
+def _mma_groups[
+    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool, XCLAMP: Bool
+](
+    mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
+    wv: Array[SIMD[DType.uint32, 4], U * TN],
+    sv: Array[UInt32, U * TN],
+    xptr: Array[Pointer[BFloat16, ImmutAnyOrigin], MT],
+    xlimit: Int,
+    kg: Int,
+    nb: Int,
+):
+    """Per loaded k-group: the activations, decode, scale and mma."""
+    comptime for u in range(U):
+        comptime if not FULL:
+            if u >= nb:
+                break
+        var xf = Array[SIMD[DType.uint32, 8], MT](fill=SIMD[DType.uint32, 8](0))
+        comptime for mt in range(MT):
+            var xoff = (kg + u) * 64
+            comptime if XCLAMP:
+                xoff = min(xoff, xlimit)
+            var v = xptr[mt].unsafe_load[width=16, alignment=32](xoff)
+            xf[mt] = bitcast[DType.uint32, 8](v)
+        comptime for tn in range(TN):
+            var s = sv[u * TN + tn]
+            var s_lo = _scale_pair(s & 0xFF)  # row g
+            var s_hi = _scale_pair(s >> 8)  # row g + 8
+            var w4 = wv[u * TN + tn]
+            comptime for t in range(4):
+                var a = _decode_word(w4[t])
+                a[0] = _hmul2(a[0], s_lo)
+                a[1] = _hmul2(a[1], s_hi)
+                a[2] = _hmul2(a[2], s_lo)
+                a[3] = _hmul2(a[3], s_hi)
+                comptime for mt in range(MT):
+                    comptime i = (tn * MT + mt) * ACC + (u * 4 + t) % ACC
+                    accs[i] = _mma_bf16(a, xf[mt][2 * t], xf[mt][2 * t + 1], accs[i])
+
+
+@always_inline
 def _gemv_batch[
     U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True
 ](
@@ -455,41 +514,13 @@ def _gemv_batch[
     k-group reaches past K and the activation offsets need no clamp."""
     var wv = Array[SIMD[DType.uint32, 4], U * TN](fill=SIMD[DType.uint32, 4](0))
     var sv = Array[UInt32, U * TN](fill=0)
-    comptime for u in range(U):
-        if FULL or u < nb:
-            comptime for tn in range(TN):
-                wv[u * TN + tn] = _ldg_stream_v4(cptr[tn].unsafe_offset((kg + u) * 512))
-                sv[u * TN + tn] = _ldg_stream_u16(sptr[tn].unsafe_offset((kg + u) * 64))
+    _load_groups[U, TN, FULL](wv, sv, cptr, sptr, kg, nb)
     var dep = UInt32(0)
     comptime for u in range(1, U):
         comptime for tn in range(TN):
             dep |= wv[u * TN + tn][0] | sv[u * TN + tn]
     wv[0][0] ^= dep & opaque_zero
-    comptime for u in range(U):
-        comptime if not FULL:
-            if u >= nb:
-                break
-        var xf = Array[SIMD[DType.uint32, 8], MT](fill=SIMD[DType.uint32, 8](0))
-        comptime for mt in range(MT):
-            var xoff = (kg + u) * 64
-            comptime if XCLAMP:
-                xoff = min(xoff, xlimit)
-            var v = xptr[mt].unsafe_load[width=16, alignment=32](xoff)
-            xf[mt] = bitcast[DType.uint32, 8](v)
-        comptime for tn in range(TN):
-            var s = sv[u * TN + tn]
-            var s_lo = _scale_pair(s & 0xFF)  # row g
-            var s_hi = _scale_pair(s >> 8)  # row g + 8
-            var w4 = wv[u * TN + tn]
-            comptime for t in range(4):
-                var a = _decode_word(w4[t])
-                a[0] = _hmul2(a[0], s_lo)
-                a[1] = _hmul2(a[1], s_hi)
-                a[2] = _hmul2(a[2], s_lo)
-                a[3] = _hmul2(a[3], s_hi)
-                comptime for mt in range(MT):
-                    comptime i = (tn * MT + mt) * ACC + (u * 4 + t) % ACC
-                    accs[i] = _mma_bf16(a, xf[mt][2 * t], xf[mt][2 * t + 1], accs[i])
+    _mma_groups[U, TN, MT, ACC, FULL, XCLAMP](accs, wv, sv, xptr, xlimit, kg, nb)
 
 
 @always_inline
@@ -531,6 +562,7 @@ def nvfp4_gemv_sm90_kernel[
     GATED: Bool = False,
     EARLY_SCALE: Bool = False,
     ALIGNED_K: Bool = False,
+    PIPE: Int = 0,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -545,7 +577,7 @@ def nvfp4_gemv_sm90_kernel[
     kw: Int64,
 ):
     """The register-staged GEMV (_gemv_sm90_body)."""
-    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K](
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K, PIPE](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw, codes, 0, scales, 0, 0
     )
 
@@ -594,6 +626,7 @@ def _gemv_sm90_body[
     EARLY_SCALE: Bool,
     NEXT: Bool,
     ALIGNED_K: Bool = False,
+    PIPE: Int = 0,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -683,7 +716,27 @@ def _gemv_sm90_body[
         if lane == 0 and ahead > 0:  # batch 0's own loads are issued next anyway
             _prefetch_groups[TN](cptr, sptr, kg_begin + U, ahead)
     var kg = kg_begin
-    comptime if ALIGNED_K:
+    comptime if PIPE > 0:
+        # Bench harness: software-pipelined in registers, PIPE k-groups a
+        # stage; the next stage's loads are issued before this one's mma.
+        comptime assert ALIGNED_K and PF == 0, "PIPE is a form of the aligned loop"
+        var wa = Array[SIMD[DType.uint32, 4], PIPE * TN](fill=SIMD[DType.uint32, 4](0))
+        var sa = Array[UInt32, PIPE * TN](fill=0)
+        if kg + PIPE <= kg_end:
+            _load_groups[PIPE, TN, True](wa, sa, cptr, sptr, kg, PIPE)
+        while kg + PIPE <= kg_end:
+            var wb = Array[SIMD[DType.uint32, 4], PIPE * TN](fill=SIMD[DType.uint32, 4](0))
+            var sb = Array[UInt32, PIPE * TN](fill=0)
+            var nxt = kg + PIPE
+            if nxt + PIPE <= kg_end:
+                _load_groups[PIPE, TN, True](wb, sb, cptr, sptr, nxt, PIPE)
+            _mma_groups[PIPE, TN, MT, ACC, True, False](accs, wa, sa, xptr, xlimit, kg, PIPE)
+            wa = wb^
+            sa = sb^
+            kg = nxt
+        if kg < kg_end:
+            _gemv_batch[PIPE, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
+    elif ALIGNED_K:
         comptime assert PF == 0, "the L2 prefetch variants keep the guarded loop"
         while kg + U <= kg_end:
             _gemv_batch[U, TN, MT, ACC, True, False](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)

@@ -717,8 +717,10 @@ def _gemv_sm90_body[
             _prefetch_groups[TN](cptr, sptr, kg_begin + U, ahead)
     var kg = kg_begin
     comptime if PIPE > 0:
-        # Bench harness: software-pipelined in registers, PIPE k-groups a
-        # stage; the next stage's loads are issued before this one's mma.
+        # Bench harness (gp, gq): software-pipelined in registers, PIPE
+        # k-groups a stage, the next stage's loads written before this one's
+        # mma. ptxas moves them back towards their use; mixed on Hopper, so
+        # not the op's (docs/dev/kernels.md, eighth sweep).
         comptime assert ALIGNED_K and PF == 0, "PIPE is a form of the aligned loop"
         var wa = Array[SIMD[DType.uint32, 4], PIPE * TN](fill=SIMD[DType.uint32, 4](0))
         var sa = Array[UInt32, PIPE * TN](fill=0)

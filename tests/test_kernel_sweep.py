@@ -225,10 +225,10 @@ def test_read_ceiling_fits_a_line_and_its_flow_runs_on_cpu(tmp_path: Path) -> No
 
     from attnquant.max_compat import child_environment
 
-    rc = bench_module("read_ceiling_h200")
-    stream, fixed = rc.fit([(mb, mb / 3.0 + 2.5) for mb in (10.0, 50.0, 130.0)])  # MB / (TB/s) = us
+    kh = bench_module("kernels_h200")
+    stream, fixed = kh.stream_fit([(mb, mb / 3.0 + 2.5) for mb in (10.0, 50.0, 130.0)])  # MB / (TB/s) = us
     assert abs(stream - 3.0) < 1e-9 and abs(fixed - 2.5) < 1e-9
-    assert rc.fit([(10.0, 5.0)]) is None
+    assert kh.stream_fit([(10.0, 5.0)]) is None
     script = ROOT / "bench" / "kernel_timing" / "read_ceiling_h200.py"
     r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip

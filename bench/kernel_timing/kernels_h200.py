@@ -226,21 +226,21 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
     only: keep these variants (and the old default, the baseline); extra_kw:
     more kw values for the register kernels (e.g. 6, 10, 12)."""
     out: list[tuple[str, int]] = []
-    reg_kw = (4, 8) if quick else (4, 8, 16)
+    reg_kws = (4, 8) if quick else (4, 8, 16)
     if m <= 8:
-        out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
+        out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kws + extra_kw)]
         for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "gvg", "gvr", "gp", "gq", "ld0", "ld8", "ld16"):
-            out += [(name, 0)] + [(name, kw) for kw in dict.fromkeys(reg_kw + extra_kw)]
+            out += [(name, 0)] + [(name, kw) for kw in dict.fromkeys(reg_kws + extra_kw)]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]
         for name in ("b3s1", "b3s2", "b3s4", "b4s1", "b4s2", "b4s4", "b8s1", "b8s2", "p3s1", "p3s2", "p4s4"):
             out += [(name, kw) for kw in ((2, 4) if quick else (2, 4, 8))]
     else:
         out += [("a5", 0), ("g4", 0), ("gwg", 0)] + ([] if quick else [("a5", kw) for kw in (4, 8)])
-        out += [(name, kw) for name in ("g4", "gwg") for kw in reg_kw]
+        out += [(name, kw) for name in ("g4", "gwg") for kw in reg_kws]
         for name in ("b5s1", "b5s2", "b6s1", "b6s2"):
             out += [(name, kw) for kw in ((2, 4) if quick else (2, 4, 8))]
-        out += [("b3s1", 4), ("b3s2", 4)] + [("h1", 0)] + [("h1", kw) for kw in reg_kw]
+        out += [("b3s1", 4), ("b3s2", 4)] + [("h1", 0)] + [("h1", kw) for kw in reg_kws]
     return feasible([(name, kw) for name, kw in out if not only or name in only or name == old_default(m)], k)
 
 
@@ -861,12 +861,18 @@ def load_only_fit(rows: list[dict], m: int = 1) -> tuple[float, float, int] | No
         if VARIANTS[r["variant"]].diag and r["m"] == m:
             key = (r["n"], r["k"])
             best[key] = min(best.get(key, math.inf), r["us"])
-    if len(best) < 2:
+    fit = stream_fit([(n * k * FP4_BYTES_PER_WEIGHT / 1e6, us) for (n, k), us in best.items()])
+    return None if fit is None else (*fit, len(best))
+
+
+def stream_fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(stream TB/s, fixed us) of t_us = MB / stream + fixed, least squares
+    over (MB, us) points; None under two points."""
+    if len(points) < 2:
         return None
-    mbytes = np.array([n * k * FP4_BYTES_PER_WEIGHT / 1e6 for n, k in best])
-    design = np.vstack([mbytes, np.ones_like(mbytes)]).T
-    (us_per_mb, fixed_us), *_ = np.linalg.lstsq(design, np.array(list(best.values())), rcond=None)
-    return 1.0 / us_per_mb, float(fixed_us), len(best)
+    mb, us = np.array(points).T
+    (us_per_mb, fixed_us), *_ = np.linalg.lstsq(np.vstack([mb, np.ones_like(mb)]).T, us, rcond=None)
+    return 1.0 / us_per_mb, float(fixed_us)
 
 
 def print_table(summary, rows, copy_tbs, read_tbs, floor_us, budget, broken, log) -> None:

@@ -123,15 +123,6 @@ class OurKernels:
             self.ks.gemv(name, self.y, self.x, codes, scales, self.gs, 1, self.n, self.k, kw)
 
 
-def fit(points: list[tuple[float, float]]) -> tuple[float, float] | None:
-    """(stream TB/s, fixed us) of t_us = MB / stream + fixed, least squares; None under two points."""
-    if len(points) < 2:
-        return None
-    mb, us = np.array(points).T
-    (slope, fixed), *_ = np.linalg.lstsq(np.vstack([mb, np.ones_like(mb)]).T, us, rcond=None)
-    return 1.0 / slope, float(fixed)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -158,7 +149,7 @@ def main() -> None:
         log(f"device: {p.name}, {sms} SMs, L2 {p.L2_cache_size >> 20} MB; "
             f"copy {copy_tbs:.2f} TB/s (read + write), read-only {read_tbs:.2f} TB/s (2 GiB)")
     gen = torch.Generator(device=dev).manual_seed(int(time.time()))
-    points: dict[str, list[tuple[float, float]]] = {}
+    best: dict[tuple[str, float], float] = {}  # (reader family, MB) -> us at its best kw
     rows = []
     for n, k in shapes:
         nbytes = n * k * kh.FP4_BYTES_PER_WEIGHT
@@ -177,12 +168,8 @@ def main() -> None:
         for name, fn in fns.items():
             us = float(np.median(kh.time_graph(fn))) * 1e3 / copies
             pct = 100.0 * nbytes / 1e6 / us / copy_tbs
-            family = name.split()[0]
-            points.setdefault(family, [])
-            # the best kw of a family per shape goes into its fit
-            prev = [p for p in points[family] if p[0] == nbytes / 1e6]
-            if not prev or us < prev[0][1]:
-                points[family] = [p for p in points[family] if p[0] != nbytes / 1e6] + [(nbytes / 1e6, us)]
+            key = (name.split()[0], nbytes / 1e6)
+            best[key] = min(best.get(key, us), us)
             row = dict(shape=kh.NAMES.get((n, k), "head" if n == 262144 else "cell"), n=n, k=k, mb=nbytes / 1e6,
                        reader=name, us=us, pct_copy=pct)
             rows.append(row)
@@ -201,8 +188,8 @@ def main() -> None:
         log(f"| {first['shape']} | {first['mb']:.1f} | "
             + " | ".join(f"{cells[r]['us']:.2f} ({cells[r]['pct_copy']:.0f}%)" for r in readers) + " |")
     log("\nfit t = MB / stream + fixed over the shapes (best kw per shape):")
-    for family, pts in points.items():
-        f = fit(pts)
+    for family in dict.fromkeys(f for f, _ in best):
+        f = kh.stream_fit([(mb, us) for (fam, mb), us in best.items() if fam == family])
         if f:
             log(f"  {family}: stream {f[0]:.2f} TB/s, fixed {f[1]:.2f} us per launch")
 

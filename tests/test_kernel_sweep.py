@@ -120,7 +120,7 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
     sweep = bench_module("kernels_h200")
     ptx = {}
     for path in sm90a_ptx(ROOT / "bench" / "kernel_timing" / "nvfp4_ptx_harness.mojo", tmp_path):
-        match = re.match(r"h_nvfp4_ptx_harness_([a-z]+[0-9]*(s[0-9])?)_", path.name)
+        match = re.match(r"h_nvfp4_ptx_harness_([a-z]+[0-9]*([a-z][0-9])?)_", path.name)
         assert match, path.name
         ptx[match.group(1)] = path.read_text()
     assert (set(sweep.VARIANTS) - set(sweep.ASSEMBLED_FROM)) | set(sweep.GATED) <= set(ptx)
@@ -135,10 +135,11 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
     assert "ld.global" not in ptx["pfw"]
     # gvn (nvfp4_gemv_sm90_next_kernel) is gv0 plus the tail prefetch; gv0 itself prefetches nothing.
     assert ptx["gvn"].count("cp.async.bulk.prefetch.L2.global") == 2 and "prefetch" not in ptx["gv0"]
-    # gv0 and g4 are built for K % 64 == 0 (ALIGNED_K): no activation clamp in their
-    # k loop, which their guarded twins (what the op runs for other K) keep.
-    for aligned, guarded in (("gv0", "gvg"), ("g4", "gwg")):
-        assert ptx[aligned].count("min.s64") < ptx[guarded].count("min.s64"), aligned
+    # The aligned kernels are built for K % 64 == 0 (ALIGNED_K): no activation clamp in
+    # their k loop, which their guarded twins (what the op runs for other K) keep.
+    for aligned, guarded in sweep.ALIGNED_ONLY.items():
+        if guarded is not None and aligned not in sweep.ASSEMBLED_FROM:
+            assert ptx[aligned].count("min.s64") < ptx[guarded].count("min.s64"), aligned
 
 
 def test_an_aligned_only_kernel_gives_way_to_its_guarded_twin_when_k_is_not_a_multiple_of_64() -> None:
@@ -153,11 +154,40 @@ def test_an_aligned_only_kernel_gives_way_to_its_guarded_twin_when_k_is_not_a_mu
     ks.raw = lambda name, grid, block, args, smem=0: launched.append(name)
     y, x = torch.empty(1, 48), torch.empty(1, 80)
     codes, scales = torch.empty(48, 2 * 32, dtype=torch.uint8), torch.empty(48, 2 * 4, dtype=torch.uint8)
-    for name, k, want in (("gv0", 128, "gv0"), ("gv0", 80, "gvg"), ("g4", 80, "gwg"), ("a5", 80, "a5")):
+    for name, k, want in (("gv0", 128, "gv0"), ("gv0", 80, "gvg"), ("g4", 80, "gwg"), ("a5", 80, "a5"),
+                          ("r7s2", 128, "r7s2"), ("r7s2", 80, "r7g2")):
         ks.gemv(name, y, x, codes, scales, None, 1, 48, k)
         assert launched[-1] == want, (name, k, launched[-1])
     with pytest.raises(ValueError, match="zv0 needs K % 64 == 0, got K=80"):
         ks.gemv("zv0", y, x, codes, scales, None, 1, 24, 80)
+
+
+def test_split_k_and_pdl_kernels_launch_with_their_cluster_and_pdl_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's split-K kernels carry no .reqnctapercluster (their entry is a
+    wrapper), so Kernels.raw launches them through cuLaunchKernelEx with the
+    cluster shape (1, 1, SK), PDL kernels with programmatic serialization, and
+    the attribute array is laid out as the driver's CUlaunchAttribute."""
+    import ctypes
+    import struct
+    from types import SimpleNamespace
+
+    sweep = bench_module("kernels_h200")
+    assert sweep.launch_attrs(False, 1) == []
+    assert sweep.launch_attrs(False, 4) == [(4, (1, 1, 4))]
+    assert sweep.launch_attrs(True, 2) == [(6, (1,)), (4, (1, 1, 2))]
+    arr = sweep.attr_array(sweep.launch_attrs(True, 2))
+    assert ctypes.sizeof(sweep._LaunchAttr) == 72  # id, 4 bytes of padding, a 64-byte union
+    assert [a.id for a in arr] == [6, 4]
+    assert bytes(arr[1].value[:12]) == struct.pack("<3I", 1, 1, 2) and bytes(arr[0].value[:4]) == struct.pack("<I", 1)
+
+    launched = []
+    monkeypatch.setattr(sweep, "launch_ex", lambda fn, stream, grid, block, smem, args, attrs: launched.append((fn, attrs)))
+    monkeypatch.setattr(sweep.torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))
+    ks = object.__new__(sweep.Kernels)  # no CuPy: only the launch path is under test
+    ks.funcs = {"r7s2": SimpleNamespace(ptr=11), "p4s4": SimpleNamespace(ptr=12)}
+    for name in ks.funcs:
+        ks.raw(name, (1, 1, 2), (32, 1, 1), (0,))
+    assert launched == [(11, [(4, (1, 1, 2))]), (12, [(6, (1,)), (4, (1, 1, 4))])]
 
 
 def test_the_sweep_times_only_the_cells_asked_for_and_refuses_a_bad_one(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ TMP="$(mktemp -d)"
 mkdir -p "$ROOT/bench/ptx"
 rm -f "$ROOT/bench/ptx/"*.ptx "$ROOT/bench/ptx/"*.cubin "$ROOT/bench/ptx/ptxas.txt"
 for f in "$TMP"/*.ptx; do
-  name="$(basename "$f" | sed -E 's/^h_nvfp4_ptx_harness_//; s/^([a-z]+[0-9]*(s[0-9])?)_.*/\1/')"
+  name="$(basename "$f" | sed -E 's/^h_nvfp4_ptx_harness_//; s/^([a-z]+[0-9]*([a-z][0-9])?)_.*/\1/')"
   cp "$f" "$ROOT/bench/ptx/$name.ptx"
 done
 if command -v ptxas >/dev/null; then

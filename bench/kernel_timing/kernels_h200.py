@@ -44,7 +44,8 @@ What it does, in order (a budget guard skips what no longer fits and says so):
 Variant names (bench/kernel_timing/nvfp4_ptx_harness.mojo; op `variant` in brackets):
   gv0 [0] register kernel, 4 groups/batch   a5 [1] cp.async ring MT2 TN2   g4 [2] register MT2
   b3sK [3] bulk ring S4 G2   b4sK [4] bulk ring S3 G4   b5sK [5] bulk MT2 TN2   b6sK [6] bulk MT2 TN4
-  r7sK [7] register kernel, hoisted global scale   b8sK [8] bulk ring S4 G4;   sK = cluster split-K.
+  r7sK [7] register kernel, hoisted global scale   b8sK [8] bulk ring S4 G4;   sK = cluster split-K
+  (launched as a cluster of SK blocks); gvg, gwg, r7gK: the guarded twins of gv0, g4, r7sK (K % 64 != 0).
   p3s1, p3s2, p4s4: b3/b4 with programmatic dependent launch (weights fetched before
   griddepcontrol.wait); timed in a chain of identical GEMVs, so an upper bound for a model.
 """
@@ -152,6 +153,8 @@ VARIANTS = {
     "b6s1": Variant("bulk", 2, 4, 3, 2, 1, 6), "b6s2": Variant("bulk", 2, 4, 3, 2, 2, 6),
     "r7s1": Variant("reg2", 1, 1, sk=1, op_variant=7), "r7s2": Variant("reg2", 1, 1, sk=2, op_variant=7),
     "r7s4": Variant("reg2", 1, 1, sk=4, op_variant=7),
+    # r7sK with every batch guarded and clamped: variant 7 for K % 64 != 0 (ALIGNED_ONLY).
+    "r7g1": Variant("reg2", 1, 1, sk=1), "r7g2": Variant("reg2", 1, 1, sk=2), "r7g4": Variant("reg2", 1, 1, sk=4),
     # gv0 / g4 with the next PF batches bulk-prefetched into L2 (fa: the whole slice up front).
     "f1": Variant("reg", 1, 1), "f2": Variant("reg", 1, 1), "f4": Variant("reg", 1, 1),
     "fa": Variant("reg", 1, 1), "h1": Variant("reg", 2, 1),
@@ -174,7 +177,10 @@ ASSEMBLED_FROM = {"gvr": "gv0"}
 """Harness kernels that build_ptx.sh assembles from another kernel's PTX with
 other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
 
-ALIGNED_ONLY = {"gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "zv0": None, "zg4": None}
+ALIGNED_ONLY = {
+    "gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "zv0": None, "zg4": None,
+    "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
+}  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
 -> the guarded kernel _launch_gemv runs for other K, which Kernels.gemv then
 launches in their place, as the op does (None: none built; the gated shapes
@@ -232,7 +238,7 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
         for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "gvg", "gvr", "gp", "gq", "ld0", "ld8", "ld16"):
             out += [(name, 0)] + [(name, kw) for kw in dict.fromkeys(reg_kws + extra_kw)]
         for name in ("r7s1", "r7s2", "r7s4"):
-            out += [(name, kw) for kw in ((4, 8) if quick else (4, 8, 16))]
+            out += [(name, kw) for kw in dict.fromkeys(((4, 8) if quick else (4, 8, 16)) + extra_kw)]
         for name in ("b3s1", "b3s2", "b3s4", "b4s1", "b4s2", "b4s4", "b8s1", "b8s2", "p3s1", "p3s2", "p4s4"):
             out += [(name, kw) for kw in ((2, 4) if quick else (2, 4, 8))]
     else:
@@ -313,20 +319,47 @@ class _LaunchConfig(__import__("ctypes").Structure):
     ]  # fmt: skip
 
 
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUDA 12-13
+# cuda.h's CUlaunchAttributeID, CUDA 12-13.
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
-def launch_pdl(func_ptr: int, stream: int, grid, block, smem: int, args: list) -> None:
-    """cuLaunchKernelEx with programmatic stream serialization (driver API via
-    ctypes: CuPy's launch has no attributes). args: ints for pointers (u64) or
-    numpy int64."""
+def launch_attrs(pdl: bool, cluster_z: int) -> list[tuple[int, tuple[int, ...]]]:
+    """The cuLaunchKernelEx attributes a harness kernel needs, as (id, uint32
+    values): programmatic stream serialization for PDL, and the cluster shape
+    (1, 1, SK) for a split-K kernel. Mojo does not write the kernel's
+    `nvvm.cluster_dim` into the harness's PTX (its entry is a wrapper), so a
+    plain launch would run each block as a cluster of one, and its DSMEM
+    reads of the other ranks would fault; the op passes cluster_dim itself."""
+    attrs = []
+    if pdl:
+        attrs.append((_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
+    if cluster_z > 1:
+        attrs.append((_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, (1, 1, cluster_z)))
+    return attrs
+
+
+def attr_array(attrs):
+    """launch_attrs() as the driver's CUlaunchAttribute array (each value's
+    uint32 fields at the start of its 64-byte union)."""
     import ctypes as c
 
-    lib = launch_pdl.__dict__.setdefault("lib", c.CDLL("libcuda.so.1"))
-    attr = _LaunchAttr()
-    attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed (int, little-endian)
-    cfg = _LaunchConfig(*grid, *block, smem, c.c_void_p(stream), c.pointer(attr), 1)
+    arr = (_LaunchAttr * len(attrs))()
+    for slot, (attr_id, values) in zip(arr, attrs):
+        slot.id = attr_id
+        c.memmove(slot.value, (c.c_uint32 * len(values))(*values), 4 * len(values))
+    return arr
+
+
+def launch_ex(func_ptr: int, stream: int, grid, block, smem: int, args: list, attrs) -> None:
+    """cuLaunchKernelEx with launch attributes (driver API via ctypes: CuPy's
+    launch takes none). args: ints for pointers (u64) or numpy int64; attrs:
+    launch_attrs()."""
+    import ctypes as c
+
+    lib = launch_ex.__dict__.setdefault("lib", c.CDLL("libcuda.so.1"))
+    arr = attr_array(attrs)
+    cfg = _LaunchConfig(*grid, *block, smem, c.c_void_p(stream), arr, len(attrs))
     vals = [c.c_uint64(a) if isinstance(a, int) else c.c_int64(int(a)) for a in args]
     params = (c.c_void_p * len(vals))(*[c.cast(c.pointer(v), c.c_void_p) for v in vals])
     err = lib.cuLaunchKernelEx(c.byref(cfg), c.c_void_p(func_ptr), params, None)
@@ -356,13 +389,14 @@ class Kernels:
                 print(f"cannot load {name}: {self.errors[name]}", flush=True)
 
     def raw(self, name: str, grid, block, args, smem: int = 0) -> None:
-        cp = self.cp
-        if name in VARIANTS and spec(name).pdl:
+        attrs = launch_attrs(spec(name).pdl, spec(name).sk) if name in {**VARIANTS, **GATED} else []
+        if attrs:
             conv = [a.data_ptr() if isinstance(a, torch.Tensor) else np.int64(a) for a in args]
             fn = self.funcs[name]  # a cupy RawKernel; its .kernel is the cupy.cuda.Function (.ptr = CUfunction)
             func_ptr = int(getattr(getattr(fn, "kernel", fn), "ptr"))
-            launch_pdl(func_ptr, torch.cuda.current_stream().cuda_stream, grid, block, smem, conv)
+            launch_ex(func_ptr, torch.cuda.current_stream().cuda_stream, grid, block, smem, conv, attrs)
             return
+        cp = self.cp
         conv = [cp.uint64(a.data_ptr()) if isinstance(a, torch.Tensor) else np.int64(a) for a in args]
         with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             self.funcs[name](grid, block, tuple(conv), shared_mem=smem)

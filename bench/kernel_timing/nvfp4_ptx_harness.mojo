@@ -153,15 +153,28 @@ def b6s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: 
     nvfp4_gemv_sm90_bulk_splitk_kernel[2, 4, 3, 2, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# Variant 7 for K % 64 == 0 (r7sK) and its guarded twins for other K (r7gK).
 def r7s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_reg_kernel[1, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+    nvfp4_gemv_sm90_reg_kernel[1, 4, 1, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 def r7s2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
-    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 2, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
 def r7s4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 4, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7g1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_kernel[1, 4, 1](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7g2(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 2](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def r7g4(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
     nvfp4_gemv_sm90_reg_splitk_kernel[1, 4, 1, 4](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
@@ -360,6 +373,9 @@ def main() raises:
         ctx.enqueue_function[r7s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[r7s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[r7s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7g1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7g2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[r7g4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[b4s4](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[b8s1](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[b8s2](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)

@@ -6,7 +6,8 @@ projection exactly as a served model does (the sm90 backend's
 at every M), all shapes in one MAX graph with a symbolic row count, and checks
 M = 1, 2, 3, 8 (the kernel for up to 8 rows) and 9, 12, 16 (the one above)
 against float64 on fresh inputs, output and weights drawn anew per shape.
-Also the gated gate|up layers (``ATTNQUANT_GATED_GEMV``: rows interleaved,
+Also a shape with K % 64 != 0 (GUARDED_SHAPES, the original kernels'
+guarded loop), and the gated gate|up layers (``ATTNQUANT_GATED_GEMV``: rows interleaved,
 ``gelu_tanh(gate) * up`` in the kernel's epilogue) of the Gemma 3 270M, 1B,
 4B and 27B/31B geometries, each with the kernels its shape runs, against
 ``gelu_tanh(x Wg^T) * (x Wu^T)`` in float64; one of them without
@@ -40,6 +41,9 @@ MS = (1, 2, 3, 8, 9, 12, 16, 33)
 TOLERANCE = 1e-2
 GATED_SHAPES = ((4096, 640), (13824, 1152), (20480, 2560), (43008, 5376))
 """gate|up [2F, K] of Gemma 3 270M, 1B, 4B and of the 27B / Gemma 4 31B."""
+GUARDED_SHAPES = ((1000, 1040),)
+"""Shapes with K % 64 != 0 (and N % 16 != 0): the register kernels' guarded,
+clamped loop, which the op picks per call where no Gemma shape goes."""
 
 
 def gelu_tanh(v: torch.Tensor) -> torch.Tensor:
@@ -91,7 +95,7 @@ def main() -> int:
     for (n, k), kernel_range, choice in args.also:  # this process's table only
         SM90_TUNED[(n, k)] = dataclasses.replace(SM90_TUNED.get((n, k), SM90Tuned()), **{kernel_range: choice})
     configs = []
-    for n, k in SM90_TUNED:
+    for n, k in [*SM90_TUNED, *GUARDED_SHAPES]:
         config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True)
         params, why = backend.kernel_parameters(config)
         print(f"[{n}, {k}]: {dict(params)} ({why})", flush=True)

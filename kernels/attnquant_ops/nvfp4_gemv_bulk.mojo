@@ -38,8 +38,8 @@ from max.gpu.sync import syncwarp
 from .nvfp4_matmul import (
     SM90_EPILOGUE_FACTOR,
     _decode_word,
-    _gemv_batch,
     _hmul2,
+    _k_slice,
     _launch_async,
     _launch_gemv,
     _mma_bf16,
@@ -490,7 +490,7 @@ def nvfp4_gemv_sm90_bulk_splitk_kernel[
 
 @always_inline
 def _reg_body[
-    MT: Int, U: Int, ACC: Int, SK: Int, KW_MAX: Int, GATED: Bool
+    MT: Int, U: Int, ACC: Int, SK: Int, KW_MAX: Int, GATED: Bool, ALIGNED_K: Bool
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -506,7 +506,8 @@ def _reg_body[
 ):
     """nvfp4_gemv_sm90_kernel[MT, 1, 1, KW_MAX, U, ACC] (one n-tile per block,
     U k-groups per register batch), with the global scale loaded first and
-    the k-groups split over SK cluster blocks as well as kw warps."""
+    the k-groups split over SK cluster blocks as well as kw warps.
+    ALIGNED_K: K % 64 == 0, the loop without guards or clamps (_k_slice)."""
     var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
@@ -535,11 +536,7 @@ def _reg_body[
     var opaque_zero = UInt32(Int(kw) >> 40)
 
     var accs = Array[SIMD[DType.float32, 4], MT * ACC](fill=SIMD[DType.float32, 4](0))
-    var kg = kg_begin
-    while kg < kg_end:
-        var nb = min(U, kg_end - kg)
-        _gemv_batch[U, 1, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
-        kg += U
+    _k_slice[U, 1, MT, ACC, ALIGNED_K](accs, cptr, sptr, xptr, xlimit, kg_begin, kg_end, opaque_zero)
 
     var acc = Array[SIMD[DType.float32, 4], MT](fill=SIMD[DType.float32, 4](0))
     comptime for i in range(MT):
@@ -552,7 +549,7 @@ def _reg_body[
 
 
 def nvfp4_gemv_sm90_reg_kernel[
-    MT: Int, U: Int, ACC: Int, GATED: Bool = False
+    MT: Int, U: Int, ACC: Int, GATED: Bool = False, ALIGNED_K: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -566,12 +563,14 @@ def nvfp4_gemv_sm90_reg_kernel[
     k_groups: Int64,
     kw: Int64,
 ):
-    _reg_body[MT, U, ACC, 1, 16, GATED](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
+    _reg_body[MT, U, ACC, 1, 16, GATED, ALIGNED_K](
+        y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw
+    )
 
 
 @__llvm_metadata(`nvvm.cluster_dim`=StaticTuple[Int32, 3](1, 1, Int32(SK)))
 def nvfp4_gemv_sm90_reg_splitk_kernel[
-    MT: Int, U: Int, ACC: Int, SK: Int, GATED: Bool = False
+    MT: Int, U: Int, ACC: Int, SK: Int, GATED: Bool = False, ALIGNED_K: Bool = False
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -585,7 +584,9 @@ def nvfp4_gemv_sm90_reg_splitk_kernel[
     k_groups: Int64,
     kw: Int64,
 ):
-    _reg_body[MT, U, ACC, SK, 16, GATED](y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw)
+    _reg_body[MT, U, ACC, SK, 16, GATED, ALIGNED_K](
+        y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw
+    )
 
 
 # ===----------------------------------------------------------------------=== #
@@ -681,21 +682,29 @@ def _launch_reg[
     ctx: DeviceContext,
 ) raises:
     var kw_ = max(min(kw, 16, k_groups // SK), 1)
-    comptime if SK == 1:
-        ctx.enqueue_function[nvfp4_gemv_sm90_reg_kernel[MT, U, ACC, GATED]](
-            y, x, codes, scales, global_scale,
-            Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
-            grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT)),
-            block_dim=kw_ * 32,
-        )  # fmt: skip
+
+    @parameter
+    def launch[ALIGNED_K: Bool]() raises:
+        comptime if SK == 1:
+            ctx.enqueue_function[nvfp4_gemv_sm90_reg_kernel[MT, U, ACC, GATED, ALIGNED_K]](
+                y, x, codes, scales, global_scale,
+                Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
+                grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT)),
+                block_dim=kw_ * 32,
+            )  # fmt: skip
+        else:
+            ctx.enqueue_function[nvfp4_gemv_sm90_reg_splitk_kernel[MT, U, ACC, SK, GATED, ALIGNED_K]](
+                y, x, codes, scales, global_scale,
+                Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
+                grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT), SK),
+                block_dim=kw_ * 32,
+                cluster_dim=Dim(1, 1, SK),
+            )  # fmt: skip
+
+    if k % 64 == 0:
+        launch[True]()
     else:
-        ctx.enqueue_function[nvfp4_gemv_sm90_reg_splitk_kernel[MT, U, ACC, SK, GATED]](
-            y, x, codes, scales, global_scale,
-            Int64(m_rows), Int64(n_rows), Int64(k), Int64(n_tiles), Int64(k_groups), Int64(kw_),
-            grid_dim=(n_tiles, ceildiv(m_rows, 8 * MT), SK),
-            block_dim=kw_ * 32,
-            cluster_dim=Dim(1, 1, SK),
-        )  # fmt: skip
+        launch[False]()
 
 
 # The op's `variant` parameter (compile-time, so a graph compiles only the

@@ -524,6 +524,42 @@ def _gemv_batch[
 
 
 @always_inline
+def _k_slice[
+    U: Int, TN: Int, MT: Int, ACC: Int, ALIGNED_K: Bool
+](
+    mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
+    cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    sptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
+    xptr: Array[Pointer[BFloat16, ImmutAnyOrigin], MT],
+    xlimit: Int,
+    kg_begin: Int,
+    kg_end: Int,
+    opaque_zero: UInt32,
+):
+    """A warp's k-groups [kg_begin, kg_end), U at a time (_gemv_batch).
+
+    ALIGNED_K (K % 64 == 0, which every Gemma projection is): no k-group
+    reaches past K, so the activation loads need no clamp, and whole batches
+    run with no per-group guard, the slice's last partial batch apart. A
+    batch's four activation loads then come from one base address with
+    immediate offsets: ~20 % fewer instructions per k-group, same arithmetic
+    in the same order (bit-identical output). Otherwise every batch is
+    guarded and clamped (a zero-code padding group must not read activations
+    past K)."""
+    var kg = kg_begin
+    comptime if ALIGNED_K:
+        while kg + U <= kg_end:
+            _gemv_batch[U, TN, MT, ACC, True, False](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            kg += U
+        if kg < kg_end:
+            _gemv_batch[U, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
+    else:
+        while kg < kg_end:
+            _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, min(U, kg_end - kg), opaque_zero)
+            kg += U
+
+
+@always_inline
 def _prefetch_next_share(
     next_codes: Pointer[UInt8, ImmutAnyOrigin],
     code_bytes: Int,
@@ -664,14 +700,8 @@ def _gemv_sm90_body[
     loop, not after it, so its latency is not on the last warp's path to the
     store.
 
-    ALIGNED_K (K % 64 == 0, which every Gemma projection is; _launch_gemv
-    picks it): no k-group reaches past K, so the activation loads need no
-    clamp, and whole batches run with no per-group guard, the slice's last
-    partial batch apart. A batch's four activation loads then come from one
-    base address with immediate offsets: ~20 % fewer instructions per
-    k-group, same arithmetic in the same order (bit-identical output).
-    Otherwise every batch is guarded and clamped (a zero-code padding group
-    must not read activations past K)."""
+    ALIGNED_K: K % 64 == 0, the loop without guards or clamps (_k_slice);
+    _launch_gemv picks it."""
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
     var nw = warp % NW
@@ -738,22 +768,16 @@ def _gemv_sm90_body[
             kg = nxt
         if kg < kg_end:
             _gemv_batch[PIPE, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
-    elif ALIGNED_K:
-        comptime assert PF == 0, "the L2 prefetch variants keep the guarded loop"
-        while kg + U <= kg_end:
-            _gemv_batch[U, TN, MT, ACC, True, False](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
-            kg += U
-        if kg < kg_end:
-            _gemv_batch[U, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
-    else:
+    elif PF > 0:
+        comptime assert not ALIGNED_K, "the L2 prefetch variants keep the guarded loop"
         while kg < kg_end:
-            var nb = min(U, kg_end - kg)
-            comptime if PF > 0:
-                var p = kg + PF * U
-                if lane == 0 and p < kg_end:
-                    _prefetch_groups[TN](cptr, sptr, p, min(U, kg_end - p))
-            _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, nb, opaque_zero)
+            var p = kg + PF * U
+            if lane == 0 and p < kg_end:
+                _prefetch_groups[TN](cptr, sptr, p, min(U, kg_end - p))
+            _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, min(U, kg_end - kg), opaque_zero)
             kg += U
+    else:
+        _k_slice[U, TN, MT, ACC, ALIGNED_K](accs, cptr, sptr, xptr, xlimit, kg_begin, kg_end, opaque_zero)
     comptime if NEXT:
         _prefetch_next_share(
             next_codes, Int(next_code_bytes), next_scales, Int(next_scale_bytes), Int(next_first_block)

@@ -153,7 +153,7 @@ def _forced_parameters(config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int],
     if problem:
         return (), f"{source} not taken: {problem}; original kernels"
     if wanted["variant"] >= 3 and wanted["splitk"] == 0:
-        wanted["splitk"] = 1  # 0 lets the op pick a cluster split-K, which faults (above)
+        wanted["splitk"] = 1  # 0 would let the op pick a cluster split-K (not offered, above)
     if wanted["pdl"]:
         wanted["pdl"] = True  # the op's parameter is a Bool: an integer does not convert
     else:
@@ -171,7 +171,10 @@ def _fast_variant_problem(wanted: dict[str, int], config: NVFP4LayerConfig) -> s
     if not -1 <= wanted["variant"] <= SM90_MAX_VARIANT or wanted["splitk"] not in (0, 1, 2, 4) or wanted["kw"] < 0:
         return f"variant -1..{SM90_MAX_VARIANT}, splitk 0/1/2/4 and kw >= 0 are the choices"
     if wanted["splitk"] > 1:
-        return "the cluster split-K variants fault on the H200 (illegal instruction; docs/dev/kernels.md)"
+        return (
+            "cluster split-K is not offered: it timed slower than no split on every Gemma shape, "
+            "and no GPU has run it through MAX (docs/dev/kernels.md)"
+        )
     if wanted["pdl"] and wanted["variant"] not in _BULK_VARIANTS:
         return f"programmatic dependent launch needs a bulk-ring variant {_BULK_VARIANTS}"
     if wanted["variant"] < 3:

@@ -87,7 +87,7 @@ def main() -> int:
     from attnquant.graph.nvfp4.sm90 import SM90_TUNED, SM90Tuned
     from attnquant.graph.ops import custom_extensions_path
     from attnquant.max_compat import exit_after_virtual_compile
-    from kernels.sm90_layout import interleave_gate_up, prepare_weights
+    from kernels.sm90_layout import interleave_gate_up, padded_shape, prepare_weights
 
     gpu, cpu = driver.Accelerator(), driver.CPU()
     session = InferenceSession(devices=[cpu, gpu])
@@ -116,8 +116,9 @@ def main() -> int:
 
     types = []
     for c in configs:
-        types += [TensorLayout(DType.bfloat16, ["m", c.k], gpu), TensorLayout(DType.uint8, [c.n, c.k // 2], gpu),
-                  TensorLayout(DType.uint8, [c.n, c.k // 16], gpu)]  # fmt: skip
+        n_pad, k_pad = padded_shape(c.n, c.k)  # the prepared layout's whole 16-row, 64-wide tiles
+        types += [TensorLayout(DType.bfloat16, ["m", c.k], gpu), TensorLayout(DType.uint8, [n_pad, k_pad // 2], gpu),
+                  TensorLayout(DType.uint8, [n_pad, k_pad // 16], gpu)]  # fmt: skip
     types.append(TensorLayout(DType.float32, [1], gpu))
     t0 = time.time()
     run = compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)

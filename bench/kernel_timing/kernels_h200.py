@@ -128,6 +128,7 @@ class Variant:
     sk: int = 1
     op_variant: int = -1
     pdl: bool = False  # launched with programmatic stream serialization (cuLaunchKernelEx)
+    kw_max: int = 16  # register kernels: the most warps along K its reduction buffer holds
     diag: bool = False  # a diagnostic (not a GEMV): timed, never checked, never "best"
 
     @property
@@ -164,12 +165,14 @@ VARIANTS = {
     # gv0 and g4 with every batch guarded and clamped: the op's kernels for K % 64 != 0 (ALIGNED_ONLY).
     "gvg": Variant("reg", 1, 1), "gwg": Variant("reg", 2, 1),
     "gvr": Variant("reg", 1, 1),  # gv0 assembled with <= 56 registers (build_ptx.sh): 36 warps an SM
+    # gv0 (gxg: gvg) with blocks of up to 32 warps along K: a short grid's slices become one batch.
+    "gx": Variant("reg", 1, 1, kw_max=32), "gxg": Variant("reg", 1, 1, kw_max=32),
     # gv0 software-pipelined in registers (PIPE): stages of 2 (gp) or 3 (gq) k-groups.
     "gp": Variant("reg", 1, 1), "gq": Variant("reg", 1, 1),
     "gh0": Variant("reg", 1, 1),  # gv0 with the global scale loaded before the loop
     # gv0's weight loads alone, 4, 8 or 16 k-groups per batch: the access pattern's own ceiling.
-    "ld0": Variant("reg", 1, 1, diag=True), "ld8": Variant("reg", 1, 1, diag=True),
-    "ld16": Variant("reg", 1, 1, diag=True),
+    "ld0": Variant("reg", 1, 1, diag=True, kw_max=32), "ld8": Variant("reg", 1, 1, diag=True, kw_max=32),
+    "ld16": Variant("reg", 1, 1, diag=True, kw_max=32),
 }  # fmt: skip
 
 
@@ -178,7 +181,7 @@ ASSEMBLED_FROM = {"gvr": "gv0"}
 other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
 
 ALIGNED_ONLY = {
-    "gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "zv0": None, "zg4": None,
+    "gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
     "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
 }  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
@@ -216,9 +219,9 @@ def pick_kw(blocks: int, k_groups: int, target_warps: int) -> int:
     return max(min(kw, k_groups), 1)
 
 
-def reg_kw(n_tiles: int, k_groups: int, kw: int = 0) -> int:
+def reg_kw(n_tiles: int, k_groups: int, kw: int = 0, kw_max: int = 16) -> int:
     """The kw a register kernel (gv0 and its kin) runs with: kw, else the op's pick."""
-    return min(kw or pick_kw(n_tiles, k_groups, 2560), 16)
+    return min(kw or pick_kw(n_tiles, k_groups, 2560), kw_max)
 
 
 def bulk_smem_bytes(v: Variant, kw: int) -> int:
@@ -237,6 +240,7 @@ def candidates(m: int, n: int, k: int, quick: bool, only: frozenset[str] = froze
         out += [("gv0", 0)] + [("gv0", kw) for kw in dict.fromkeys(reg_kws + extra_kw)]
         for name in ("f1", "f2", "f4", "fa", "g3", "gh0", "g1", "gc4", "gvg", "gvr", "gp", "gq", "ld0", "ld8", "ld16"):
             out += [(name, 0)] + [(name, kw) for kw in dict.fromkeys(reg_kws + extra_kw)]
+        out += [("gx", kw) for kw in (16, 24, 32)]
         for name in ("r7s1", "r7s2", "r7s4"):
             out += [(name, kw) for kw in dict.fromkeys(((4, 8) if quick else (4, 8, 16)) + extra_kw)]
         for name in ("b3s1", "b3s2", "b3s4", "b4s1", "b4s2", "b4s4", "b8s1", "b8s2", "p3s1", "p3s2", "p4s4"):
@@ -413,7 +417,7 @@ class Kernels:
         args = (y, x, codes, scales, gs, m, n, k, nt, kg)
         gy = -(-m // (8 * v.mt))
         if v.kind == "reg":
-            kw = reg_kw(nt, kg, kw)
+            kw = reg_kw(nt, kg, kw, v.kw_max)
             self.raw(name, (nt, gy, 1), (kw * 32, 1, 1), (*args, kw))
         elif v.kind == "async":
             blocks = -(-nt // v.tn)

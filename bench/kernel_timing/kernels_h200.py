@@ -128,7 +128,7 @@ class Variant:
     sk: int = 1
     op_variant: int = -1
     pdl: bool = False  # launched with programmatic stream serialization (cuLaunchKernelEx)
-    kw_max: int = 16  # register kernels: the most warps along K its reduction buffer holds
+    kw_max: int = 16  # register kernels: the most warps along K it runs with (its reduction buffer's size)
     diag: bool = False  # a diagnostic (not a GEMV): timed, never checked, never "best"
 
     @property
@@ -185,7 +185,7 @@ ALIGNED_ONLY = {
     "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
 }  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
--> the guarded kernel _launch_gemv runs for other K, which Kernels.gemv then
+-> the guarded kernel _launch_gemv (_launch_reg) runs for other K, which Kernels.gemv then
 launches in their place, as the op does (None: none built; the gated shapes
 are all aligned)."""
 
@@ -326,9 +326,10 @@ class _LaunchConfig(__import__("ctypes").Structure):
 # cuda.h's CUlaunchAttributeID, CUDA 12-13.
 _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+LaunchAttrs = list[tuple[int, tuple[int, ...]]]  # (attribute id, its uint32 values)
 
 
-def launch_attrs(pdl: bool, cluster_z: int) -> list[tuple[int, tuple[int, ...]]]:
+def launch_attrs(pdl: bool, cluster_z: int) -> LaunchAttrs:
     """The cuLaunchKernelEx attributes a harness kernel needs, as (id, uint32
     values): programmatic stream serialization for PDL, and the cluster shape
     (1, 1, SK) for a split-K kernel. Mojo does not write the kernel's
@@ -343,7 +344,7 @@ def launch_attrs(pdl: bool, cluster_z: int) -> list[tuple[int, tuple[int, ...]]]
     return attrs
 
 
-def attr_array(attrs):
+def attr_array(attrs: LaunchAttrs):
     """launch_attrs() as the driver's CUlaunchAttribute array (each value's
     uint32 fields at the start of its 64-byte union)."""
     import ctypes as c
@@ -355,7 +356,7 @@ def attr_array(attrs):
     return arr
 
 
-def launch_ex(func_ptr: int, stream: int, grid, block, smem: int, args: list, attrs) -> None:
+def launch_ex(func_ptr: int, stream: int, grid, block, smem: int, args: list, attrs: LaunchAttrs) -> None:
     """cuLaunchKernelEx with launch attributes (driver API via ctypes: CuPy's
     launch takes none). args: ints for pointers (u64) or numpy int64; attrs:
     launch_attrs()."""

@@ -72,7 +72,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)  # cupy ExternalS
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from kernels.sm90_layout import prepare_weights  # noqa: E402
+from kernels.sm90_layout import TILE_K, prepare_weights  # noqa: E402
 
 import range_choice  # noqa: E402  (this folder: bench/kernel_timing/)
 
@@ -409,7 +409,7 @@ class Kernels:
     def gemv(self, name: str, y, x, codes, scales, gs, m: int, n: int, k: int, kw: int = 0) -> int:
         """Launch like the op would (nvfp4_gemv_sm90_dispatch); returns the kw used.
         n: the output's columns (N/2 for a gated kernel)."""
-        if k % 64 and name in ALIGNED_ONLY:
+        if k % TILE_K and name in ALIGNED_ONLY:
             if ALIGNED_ONLY[name] is None:
                 raise ValueError(f"{name} needs K % 64 == 0, got K={k}")
             name = ALIGNED_ONLY[name]
@@ -558,7 +558,7 @@ def check_correctness(ks: Kernels, gen: torch.Generator, log, exclude=(), progre
                         sync()
                         err = rel_err(y, x.double() @ w.T)
                         twin = ALIGNED_ONLY.get(name)
-                        if twin and k % 64 == 0 and twin in ks.funcs:  # same arithmetic, same order
+                        if twin and k % TILE_K == 0 and twin in ks.funcs:  # same arithmetic, same order
                             y2 = torch.full_like(y, float("nan"))
                             ks.gemv(twin, y2, x, codes, scales, gs, m, n, k, used)
                             sync()

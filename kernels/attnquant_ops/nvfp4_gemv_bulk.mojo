@@ -37,6 +37,7 @@ from max.gpu.sync import syncwarp
 
 from .nvfp4_matmul import (
     SM90_EPILOGUE_FACTOR,
+    _aligned_k,
     _decode_word,
     _hmul2,
     _k_slice,
@@ -701,7 +702,7 @@ def _launch_reg[
                 cluster_dim=Dim(1, 1, SK),
             )  # fmt: skip
 
-    if k % 64 == 0:
+    if _aligned_k(k):
         launch[True]()
     else:
         launch[False]()

@@ -1065,6 +1065,13 @@ def _pick_kw(blocks: Int, k_groups: Int, target_warps: Int) -> Int:
     return max(min(kw, k_groups), 1)
 
 
+def _aligned_k(k: Int) -> Bool:
+    """Whether every 64-wide k-group lies inside K, so the register kernels
+    can run their loop without guards or clamps (ALIGNED_K); every Gemma
+    projection's K is."""
+    return k % 64 == 0
+
+
 def _launch_gemv[
     MT: Int, TN: Int, NW: Int, KW_MAX: Int, U: Int, ACC: Int, GATED: Bool = False
 ](
@@ -1103,7 +1110,7 @@ def _launch_gemv[
             block_dim=NW * kw * 32,
         )
 
-    if k % 64 == 0:
+    if _aligned_k(k):
         launch[True]()
     else:
         launch[False]()

@@ -10,6 +10,7 @@ with code 2), minutes into a lease and unseen until the files come back.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shlex
@@ -269,3 +270,44 @@ def test_collect_brings_back_the_oracle_drafters_verified_rows(tmp_path: Path) -
     subprocess.run(["bash", str(LEASE), "collect"], env=env, check=True, timeout=60, capture_output=True)
     assert (out / "invariance.txt").read_text().splitlines() == [
         "oracle drafter: 2 verified rows", '{"request": "r0", "accepted": 3}']
+
+
+def test_stepprofile_compiles_both_side_by_side_then_profiles_each_alone(tmp_path: Path) -> None:
+    """Gemma 4's memory plan (weights + 15 GiB) must fit each cap; both caps fit the card."""
+    progress, calls = _run_with_stubs(tmp_path, "stepprofile", PROFILE_CELLS="nvfp4 bf16")
+    assert progress[0] == "stepprofile" and "stepprofile done" in progress
+    made = next(i for i, c in enumerate(calls) if "make_random_gemma4.py" in c and "g4-profile" in c)
+    runs = [c for c in calls if "step_profile.py" in c]
+    assert calls.index(runs[0]) > made
+    stages = [c.split("--stage ")[1].split()[0] for c in runs]
+    assert stages == ["compile", "compile", "profile", "profile"]
+    settings = {c.split("--env ")[1].split(" [cache")[0] for c in runs}
+    assert settings == {
+        f"MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT={pct} ATTNQUANT_QUANT={quant} ATTNQUANT_LM_HEAD={head}"
+        for pct, quant, head in ((31, "nvfp4", "nvfp4"), (38, "none", "bf16"), (60, "nvfp4", "nvfp4"),
+                                 (60, "none", "bf16"))
+    }
+    assert all("--gpu-lock" in c and "--layers 6" in c for c in runs)
+
+
+def test_collect_returns_at_most_8_files_with_the_profiles_raw_tables(tmp_path: Path) -> None:
+    """The device brings back 8 files at most: a ninth would be left there."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "profile-nvfp4").mkdir(parents=True)
+    (work / "progress.log").write_text("10:00:00 stepprofile done\n")
+    (work / "profile-nvfp4.txt").write_text("the decode step is 11 kernels\n")
+    with gzip.open(work / "profile-nvfp4" / "kernels.csv.gz", "wt") as f:
+        f.write('"ID","Kernel Name"\n"0","k"\n')
+    env = {**os.environ, "WORK": str(work), "OUT": str(out)}
+    subprocess.run(["bash", str(LEASE), "collect"], env=env, check=True, timeout=60, capture_output=True)
+    assert len(list(out.iterdir())) <= 8
+    assert "the decode step is 11 kernels" in (out / "kernels.txt").read_text()
+    with gzip.open(out / "profile-kernels.csv.gz", "rt") as f:
+        assert f.read().splitlines()[1:] == ['"ID","Kernel Name"', '"0","k"']
+
+
+def test_stepprofile_inlined_cell_inlines_every_layer_and_a_bad_cell_is_named(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "stepprofile", PROFILE_CELLS="nvfp4-inlined typo")
+    runs = [c for c in calls if "step_profile.py" in c]
+    assert len(runs) == 2 and all("ATTNQUANT_LAYER_SUBGRAPHS=cpu" in c for c in runs)
+    assert "unknown profile cell typo" in (tmp_path / "work" / "profile-typo.txt").read_text()

@@ -57,6 +57,12 @@
 #      with the NVFP4 head only (no bf16-head cell: 35 GiB less, room for "tuned" beside it);
 #      G4_TPOT_UNGATED: adds the NVFP4-head cell with gate|up not gated (ATTNQUANT_GATED_GEMV=0;
 #      auto gates this size), with ROUNDS for the cells measured in turn;
+#   "stepprofile": where the 31B geometry's decode step goes, kernel by kernel: Gemma 4
+#      at G4_PROFILE_LAYERS (6: five sliding layers and one full), ours NVFP4 with the
+#      NVFP4 head, one `max generate` under ncu (bench/harness/step_profile.py; capture
+#      off, compiled first without ncu; ncu holds the GPU lock for its run alone);
+#      PROFILE_CELLS ("nvfp4"; at most two: also "nvfp4-inlined", every layer inlined,
+#      and "bf16", ours bf16) picks what is profiled;
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -82,7 +88,8 @@ CARRIED_CACHE="${CARRIED_CACHE:-$REPO/.device/xcache}"
 export HF_HUB_OFFLINE=1 MAX_SERVE_DISABLE_TELEMETRY=1 PYTHONPATH="$REPO:${PYTHONPATH:-}"
 # Capped arenas: a capturing server backs its whole arena up front.
 export MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT="${MM_PERCENT:-5}"
-MM="+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT"  # a cell's own arena
+ARENA=MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT
+MM="+$ARENA"  # a cell's own arena
 # SM90_CELL's forced-variant cell at the 1B geometry (padding and tuned phases); none if unset
 FORCED_1B=(${SM90_CELL:+"attnquant-nvfp4:on+ATTNQUANT_SM90_VARIANT=$SM90_CELL${MM}=8"})
 
@@ -185,6 +192,18 @@ g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf1
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }
 
+stepprofile() {  # STAGE ARENA% CELL: a generate on the g4-profile checkpoint
+  local settings
+  case "$3" in  # what each cell serves
+    nvfp4) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=nvfp4) ;;
+    nvfp4-inlined) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=nvfp4 ATTNQUANT_LAYER_SUBGRAPHS=cpu) ;;
+    bf16) settings=(ATTNQUANT_QUANT=none ATTNQUANT_LM_HEAD=bf16) ;;
+    *) echo "unknown profile cell $3 (nvfp4, nvfp4-inlined, bf16)" >> "$WORK/profile-$3.txt"; return 1 ;;
+  esac
+  python3 "$HERE/step_profile.py" --model "$WORK/g4-profile" --out "$WORK/profile-$3" --layers "${G4_PROFILE_LAYERS:-6}" \
+    --stage "$1" --gpu-lock "$LOCK" --env "$ARENA=$2" "${settings[@]}" >> "$WORK/profile-$3.txt" 2>&1
+}
+
 big4b() {  # 24 + 28 GiB
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-4b" --sessions 1 --concurrency 1 8 \
     --cells "attnquant-nvfp4:on+ARENA_GIB=24" "builtin-bf16:off+ARENA_GIB=28" --trials "${TRIALS:-2}" \
@@ -246,6 +265,19 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
     ( wait_for "$WORK/big-checkpoints.txt" "big checkpoints done"; say "big"; big; say "big done" ) &
   fi
   if wants g4tpot; then ( say "g4tpot"; g4tpot; say "g4tpot done" ) & fi
+  if wants stepprofile; then
+    ( say "stepprofile"
+      python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-profile" --layers "${G4_PROFILE_LAYERS:-6}" 2>&1 | tail -1
+      # Gemma 4's memory plan is its weights + 15 GiB of activations (NVFP4 ~21 GiB, bf16 ~24 at
+      # 6 layers): two compile side by side in caps set as they start (31 or 38 % of ~80 GiB),
+      # then each runs under ncu alone, with the card to itself.
+      for cell in ${PROFILE_CELLS:-nvfp4}; do
+        stepprofile compile "$([ "$cell" = bf16 ] && echo 38 || echo 31)" "$cell" &
+      done
+      wait
+      for cell in ${PROFILE_CELLS:-nvfp4}; do stepprofile profile 60 "$cell"; done
+      say "stepprofile done" ) &
+  fi
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds
     ( timeout 1500 python3 -m attnquant verify "$WORK/g3-270m" --device gpu --no-progress \
         > "$WORK/verify-gpu.txt" 2>&1; say "verify done" ) &
@@ -262,17 +294,19 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
 collect() {  # at most 8 files come back
   mkdir -p "$OUT"
   { cat "$WORK/gpu.txt" "$WORK/progress.log" "$WORK/cachecheck.txt"; tail -n 60 "$WORK/session.log"; } > "$OUT/session.txt" 2>/dev/null
-  cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
-  cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
-  cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned-check.txt" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
-  cat "$WORK"/gated-kernels.txt "$WORK"/kernels.txt "$WORK"/kernels/* > "$OUT/kernels.txt" 2>/dev/null
-  cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
-  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl "$WORK/g4-tpot.txt" \
-    "$WORK/g4-tpot/results.jsonl" > "$OUT/big.txt" 2>/dev/null
   for f in "$WORK"/*/serve-*.log; do  # one digest of every server log
     echo "== $f"; grep -E "attnquant|NVFP4|capture|Traceback|Error|rror:|constraint" "$f" |
       grep -v -e "^INFO.*HTTP" -e "it/s\]" | tail -30
-  done > "$OUT/server-logs.txt" 2>/dev/null
+  done >> "$OUT/session.txt" 2>/dev/null
+  cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
+  cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
+  cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned-check.txt" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
+  cat "$WORK"/gated-kernels.txt "$WORK"/kernels.txt "$WORK"/kernels/* "$WORK"/profile-*.txt > "$OUT/kernels.txt" 2>/dev/null
+  cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
+  cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl "$WORK/g4-tpot.txt" \
+    "$WORK/g4-tpot/results.jsonl" > "$OUT/big.txt" 2>/dev/null
+  for d in "$WORK"/profile-*/; do [ -e "$d/kernels.csv.gz" ] && { echo "== $d"; zcat "$d/kernels.csv.gz"; }; done |
+    gzip > "$OUT/profile-kernels.csv.gz" 2>/dev/null
   [ -e "$WORK/done" ] && echo "experiment done" || echo "experiment still running"
   tail -n 5 "$WORK/progress.log" 2>/dev/null
 }

@@ -1,0 +1,76 @@
+"""The decode-step profiler's analysis (bench/harness/step_profile.py): ncu's
+table in, one decode step's kernels and their time by kind out."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from tests.bench_modules import bench_module
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+          '"Grid Size","Device","CC","gpu__time_duration.sum"')  # fmt: skip
+
+
+def _table(kernels: list[tuple[str, float]], unit: str = "nsecond", first_id: int = 0) -> list[str]:
+    rows = [HEADER, '"","","","","","","","","","","",' + f'"{unit}"']
+    for i, (name, value) in enumerate(kernels, first_id):
+        rows.append(f'"{i}","7","python3","h","{name}","1","13","(128, 1, 1)","(66, 1, 1)","0","9.0","{value}"')
+    return rows
+
+
+def _decode(steps: int, context: int = 9) -> list[tuple[str, float]]:
+    """A prefill, then ``steps`` decode steps of two layers; attention's name
+    carries the context length, as a kernel's template number may."""
+    kernels = [("sm90_matmul_prefill", 50_000.0), ("mha_prefill", 9_000.0)]
+    for step in range(steps):
+        kernels.append(("gather_r2_w8_b256", 2_000.0))
+        for layer in range(2):
+            kernels += [("algorithm_gpu_rowwise__BlockK_f525", 2_500.0),
+                        (f"mojo_pkg_99_9a9c{layer}", 18_000.0 + 100 * step),
+                        (f"sm90_mha_depth256_ctx{context + step}", 6_000.0),
+                        ("mogg_foreach_r1_w2", 1_500.0)]  # fmt: skip
+        kernels += [("mojo_pkg_99_head", 190_000.0), ("topk_topp_sampling_from_prob", 9_000.0)]
+    return kernels
+
+
+def test_the_step_is_found_and_its_time_split_by_kind() -> None:
+    profile = bench_module("step_profile")
+    text = "\n".join(["==PROF== Connected to process 7", *_table(_decode(6)), "==PROF== Disconnected"])
+    kernels = profile.read_kernels(text)
+    assert len(kernels) == 2 + 6 * 11
+    assert profile.decode_period(kernels) == 11
+    assert len(profile.steps(kernels, 11)) == 6
+    out = profile.report(kernels, layers=2)
+    assert "the decode step is 11 kernels, found 6 times" in out
+    assert "| ours (attnquant's Mojo ops) | 3 | 226.5 |" in out  # 2 x 18.25 (the median over steps) + 190
+    assert "| attention | 2 | 12.0 |" in out and "| row-wise (norms) | 2 | 5.0 |" in out
+    assert "| sampling | 1 | 9.0 |" in out
+    assert "| copy / gather | 1 | 2.0 |" in out and "| elementwise / other | 2 | 3.0 |" in out
+    assert "| all | 11 | 257.5 |" in out
+    assert "5.5 kernels, 128.8 µs" in out
+
+
+def test_microsecond_units_are_scaled_and_the_largest_process_table_is_read(tmp_path: Path) -> None:
+    profile = bench_module("step_profile")
+    small = _table([("warmup", 1.0)])
+    big = _table([(name, ns / 1e3) for name, ns in _decode(4)], unit="usecond")
+    path = tmp_path / "kernels.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join([*small, "==PROF== other process", *big]))
+    kernels = profile.read_kernels(profile.load_text(path))
+    assert len(kernels) == 2 + 4 * 11 and kernels[0].ns == pytest.approx(50_000.0)
+
+
+def test_a_run_with_no_repeating_step_says_what_to_do() -> None:
+    profile = bench_module("step_profile")
+    kernels = profile.read_kernels("\n".join(_table([(f"k{i}x", 1.0) for i in range(3)] + [("a", 1.0), ("b", 2.0)])))
+    with pytest.raises(SystemExit, match="generate more tokens"):
+        profile.decode_period(kernels)
+
+
+def test_no_table_is_an_error_naming_ncu() -> None:
+    with pytest.raises(SystemExit, match="did ncu profile anything"):
+        bench_module("step_profile").read_kernels("==PROF== ERROR: no kernels were profiled\n")

@@ -12,6 +12,7 @@ reference; subgraphs are on by default), and on a toy stack of layers by
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from max.experimental.tensor import Tensor, default_device
 from attnquant.config import AttnQuantConfig
 from attnquant.plan import PartPlan
 from models.common import layer_subgraphs as ls
+from models.common.attention import layer_values
 
 DENSE = PartPlan("dense", ("layers.0.mlp.down_proj",), (8,), 8)
 NVFP4 = PartPlan("nvfp4", ("layers.0.mlp.down_proj",), (8,), 8, backend="mojo-sm90", kernel_params=(("variant", 0),))
@@ -134,17 +136,10 @@ def test_kernel_choice_is_part_of_the_structure() -> None:
 
 
 @pytest.mark.max
-def test_shared_layers_run_their_own_weights_and_values() -> None:
-    """Six layers, two structures: the compiled graph calls two subgraphs six
-    times (bodies live beside it in the module), and each call computes with its own layer's weight
-    (bound by name prefix) and its own per-layer value (an argument)."""
+def compile_recording(stack: Stack, weights: dict[str, np.ndarray]) -> tuple[str, Any]:
+    """``stack`` compiled on the CPU: (the text of the graph MAX compiled, the compiled model)."""
     from max.engine import InferenceSession
 
-    with default_device(CPU()):
-        layers = [Layer(float(i)) for i in range(6)]
-        stack = Stack(layers)
-    share_all(layers, [renamed(DENSE, i) for i in range(6)], ["sliding"] * 5 + ["full"])
-    weights = {f"layers.{i}.mlp.weight": np.eye(8, dtype=np.float32) * (i + 1) for i in range(6)}
     session = InferenceSession(devices=[CPU()])
     graphs: list[str] = []
     compile_graph = session.compile_reusing_mefs
@@ -156,6 +151,19 @@ def test_shared_layers_run_their_own_weights_and_values() -> None:
     session.compile_reusing_mefs = recording  # type: ignore[method-assign]
     run = stack.compile(TensorLayout(DType.float32, ["m", 8], CPU()), weights=weights, session=session)
     (text,) = graphs
+    return text, run
+
+
+def test_shared_layers_run_their_own_weights_and_values() -> None:
+    """Six layers, two structures: the compiled graph calls two subgraphs six
+    times (bodies live beside it in the module), and each call computes with its own layer's weight
+    (bound by name prefix) and its own per-layer value (an argument)."""
+    with default_device(CPU()):
+        layers = [Layer(float(i)) for i in range(6)]
+        stack = Stack(layers)
+    share_all(layers, [renamed(DENSE, i) for i in range(6)], ["sliding"] * 5 + ["full"])
+    weights = {f"layers.{i}.mlp.weight": np.eye(8, dtype=np.float32) * (i + 1) for i in range(6)}
+    text, run = compile_recording(stack, weights)
     assert text.count("mo.call @") == 6
     assert text.count("mo.call @toy_sliding_layer_0") == 5 and text.count("mo.call @toy_full_layer_1") == 1
     expected = 1.0
@@ -163,6 +171,48 @@ def test_shared_layers_run_their_own_weights_and_values() -> None:
         expected = (expected + i) * (i + 1)  # (x + offset_i) @ ((i+1) I)
     out = np.from_dlpack(run(Tensor.ones([2, 8], device=CPU())))
     assert np.all(out == expected), (out[0, 0], expected)
+
+
+class _NoRope:
+    freqs_cis = None
+
+
+class WeightValueAttention(Attention):
+    """A per-layer value made of the layer's own weight alone (as Gemma 4's
+    per-head q/k/v norm weights are), through ``common.attention.layer_values``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(0.0)
+        self.index = index
+        self.weight = Tensor.zeros([8])
+
+    def layer_values(self) -> dict[str, Tensor]:
+        def rows() -> Tensor:
+            return F.broadcast_to(self.weight.reshape((1, 8)), (3, 8))
+
+        return layer_values(_NoRope(), self.index, rows=rows)
+
+    def forward(self, x: Tensor) -> Tensor:
+        values = self.layer_values()
+        return x + values["rows"][2].to(x.device) + values["cache_layer"].cast(DType.float32).to(x.device)
+
+
+def test_values_made_of_weights_are_made_in_the_enclosing_graph() -> None:
+    """There MAX evaluates them once at load; inside the shared body, where
+    the weights are arguments, they would run every step."""
+    with default_device(CPU()):
+        layers = [Layer(0.0) for _ in range(3)]
+        for i, layer in enumerate(layers):
+            layer.self_attn = WeightValueAttention(i)
+        stack = Stack(layers)
+    share_all(layers, [renamed(DENSE, i) for i in range(3)], ["sliding"] * 3)
+    weights = {f"layers.{i}.mlp.weight": np.eye(8, dtype=np.float32) for i in range(3)}
+    weights |= {f"layers.{i}.self_attn.weight": np.full(8, i + 1, np.float32) for i in range(3)}
+    text, run = compile_recording(stack, weights)  # the text: the enclosing graph; the bodies live beside it
+    assert text.count("rmo.broadcast_to") == 3 and text.count("mo.call @toy_sliding_layer_0") == 3
+    assert all("!mo.tensor<[3, 8], f32>" in line for line in text.splitlines() if "mo.call @" in line)
+    out = np.from_dlpack(run(Tensor.ones([1, 8], device=CPU())))
+    assert np.all(out == 1 + (1 + 0) + (2 + 1) + (3 + 2)), out  # x + weight_i + cache index i, layer by layer
 
 
 @pytest.mark.max

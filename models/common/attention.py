@@ -7,6 +7,8 @@ attention calls them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from max.driver import CPU
 from max.dtype import DType
 from max.experimental import functional as F
@@ -26,16 +28,21 @@ from .layer_subgraphs import subgraph_inputs
 LayerValues = dict[str, Tensor]
 """What differs inside attention between decoder layers of one kind, as graph
 values: ``cache_layer``, the layer's index in its KV-cache collection, and
-``freqs_cis``, its rotary table. A layer subgraph takes them as arguments."""
+``freqs_cis``, its rotary table, and whatever else a model adds (Gemma 4:
+its q/k/v norm weights per head). A layer subgraph takes them as arguments."""
 
 
-def layer_values(rope: Module, index_in_cache: int) -> LayerValues:
-    """A layer's :data:`LayerValues`: those it was built with, or inside a
-    shared layer subgraph, the subgraph's arguments."""
+def layer_values(rope: Module, index_in_cache: int, **more: Callable[[], Tensor]) -> LayerValues:
+    """A layer's :data:`LayerValues`: those it was built with (``more``'s made
+    by calling them), or inside a shared layer subgraph, the subgraph's
+    arguments. Values made of weights alone are made in the enclosing graph,
+    which MAX evaluates once at load; inside a subgraph, where the weights
+    are arguments, the same ops would run every step."""
     shared = subgraph_inputs()
     if shared is not None:
         return shared
-    return {"cache_layer": F.constant(index_in_cache, DType.uint32, device=CPU()), "freqs_cis": rope.freqs_cis}
+    values = {"cache_layer": F.constant(index_in_cache, DType.uint32, device=CPU()), "freqs_cis": rope.freqs_cis}
+    return values | {name: make() for name, make in more.items()}
 
 
 def rope_store_attend(

@@ -8,13 +8,23 @@ MAX's code path unchanged.
 Layers with ``attention_k_eq_v`` (Gemma 4 31B's full-attention layers) have
 no ``v_proj``: the fused input projection is then q|k, and v is k before the
 norms, exactly as MAX and transformers compute it.
+
+The q, k and v norms run as one RMS norm over every head of the fused
+projection: at one decode row MAX's three norms and the concat after them
+are four launches of a few microseconds each. The per-head weights it
+multiplies by are made of weights alone, in the enclosing graph (a layer
+value, passed to a shared layer subgraph as an argument), so MAX makes them
+once at load rather than every step (docs/performance.md).
 """
 
 from __future__ import annotations
 
+from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Module
 from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
+from max.experimental.nn.norm import rms_norm
+from max.experimental.sharding import DeviceMapping
 from max.experimental.tensor import Tensor
 from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
     Gemma4Attention,
@@ -23,7 +33,7 @@ from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import LayerValues, layer_values, per_head, rope_store_attend
+from ...common.attention import LayerValues, layer_values, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -49,44 +59,62 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         self.rope_local = base.rope_local
         self.q_norm = base.q_norm
         self.k_norm = base.k_norm
-        self.v_norm = base.v_norm
+        eps = {base.q_norm.eps, base.k_norm.eps, base.v_norm.eps}
+        if len(eps) != 1:  # MAX builds all three from one qk_norm_eps
+            raise ValueError(f"Gemma 4 q/k/v norms with different eps {sorted(eps)}: one fused norm cannot serve them")
+        (self.eps,) = eps
         self.has_v_proj = "v_proj" in {m for part in qkv for m in part.members}
         self.qkv_proj = build_projection(qkv)
         self.o_proj = build_projection(o)
 
-    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q_dim, kv_dim = self.q_weight_dim, self.kv_weight_dim
+    def _project_qkv(self, x: Tensor) -> Tensor:
+        """[tokens, q|k|v], v being k where the layer has no ``v_proj``."""
+        qkv = self.qkv_proj(x)
         if self.has_v_proj:
-            x_q, x_k, x_v = F.split(self.qkv_proj(x), [q_dim, kv_dim, kv_dim], axis=-1)
-            return x_q, x_k, x_v
-        x_q, x_k = F.split(self.qkv_proj(x), [q_dim, kv_dim], axis=-1)
-        return x_q, x_k, x_k
+            return qkv
+        _, x_k = F.split(qkv, [self.q_weight_dim, self.kv_weight_dim], axis=-1)
+        return F.concat([qkv, x_k], axis=-1)
+
+    def _qkv_norm_scales(self) -> Tensor:
+        """[q|k|v heads, head_dim] float32: each head's norm weight (v's: ones)."""
+        kv, head_dim = self.num_key_value_heads, self.head_dim
+
+        def rows(weight: Tensor, count: int) -> Tensor:
+            return F.broadcast_to(weight.cast(DType.float32).reshape((1, head_dim)), (count, head_dim))
+
+        v_weight = Tensor.ones_like(self.k_norm.weight)  # v's norm has none
+        groups = ((self.q_norm.weight, self.n_heads), (self.k_norm.weight, kv), (v_weight, kv))
+        return F.concat([rows(weight, count) for weight, count in groups], axis=0)
+
+    def _normed_qkv(self, qkv: Tensor, scales: Tensor) -> Tensor:
+        """The q, k and v norms over [tokens, q|k|v] as one RMS norm of every
+        head, each head then times its row of ``scales``. In float32 and cast
+        back, as each of MAX's norms multiplies before its cast
+        (``multiply_before_cast``)."""
+        heads, head_dim = self.n_heads + 2 * self.num_key_value_heads, self.head_dim
+        ones = Tensor.ones([head_dim], dtype=DType.float32, device=DeviceMapping.replicated(qkv.mesh))
+        normed = rms_norm(qkv.cast(DType.float32).reshape((-1, heads, head_dim)), ones, self.eps)
+        return (normed * scales).cast(qkv.dtype).reshape((-1, heads * head_dim))
 
     def rope(self) -> Module:
         return self.rope_local if self.use_local else self.rope_global
 
     def layer_values(self) -> LayerValues:
-        """This layer's cache index and rotary table (``common.attention.layer_values``)."""
-        return layer_values(self.rope(), self.layer_idx_in_cache)
+        """This layer's cache index, rotary table and q/k/v norm weights per
+        head, ``qkv_norm_scales`` (``common.attention.layer_values``)."""
+        return layer_values(self.rope(), self.layer_idx_in_cache, qkv_norm_scales=self._qkv_norm_scales)
 
     def forward(
         self, x: Tensor, kv_collection: PagedCacheValues, *, input_row_offsets: Tensor
     ) -> Tensor:
-        x_q, x_k, x_v = self._project_qkv(x)
-        qkv = F.concat(
-            [
-                per_head(self.q_norm, x_q, self.n_heads, self.head_dim),
-                per_head(self.k_norm, x_k, self.num_key_value_heads, self.head_dim),
-                per_head(self.v_norm, x_v, self.num_key_value_heads, self.head_dim),
-            ],
-            axis=-1,
-        )
+        layer = self.layer_values()
+        qkv = self._normed_qkv(self._project_qkv(x), layer["qkv_norm_scales"])
         attn_out = rope_store_attend(
             qkv,
             kv_params=self.kv_params,
             kv_collection=kv_collection,
             input_row_offsets=input_row_offsets,
-            layer=self.layer_values(),
+            layer=layer,
             interleaved=self.rope().interleaved,
             n_heads=self.n_heads,
             head_dim=self.head_dim,

@@ -74,3 +74,16 @@ def test_a_run_with_no_repeating_step_says_what_to_do() -> None:
 def test_no_table_is_an_error_naming_ncu() -> None:
     with pytest.raises(SystemExit, match="did ncu profile anything"):
         bench_module("step_profile").read_kernels("==PROF== ERROR: no kernels were profiled\n")
+
+
+def test_a_cell_of_a_leases_collected_tables_is_read_by_name(tmp_path: Path) -> None:
+    """The lease's collect puts every cell's table in one file under ``== .../profile-CELL/``."""
+    profile = bench_module("step_profile")
+    path = tmp_path / "profile-kernels.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(["== /tmp/h200-lease/profile-nvfp4/", *_table(_decode(4)),
+                           "== /tmp/h200-lease/profile-bf16/", *_table(_decode(5))]))  # fmt: skip
+    assert len(profile.read_kernels(profile.load_text(path, "nvfp4"))) == 2 + 4 * 11
+    assert len(profile.read_kernels(profile.load_text(path, "bf16"))) == 2 + 5 * 11
+    with pytest.raises(SystemExit, match=r"no cell 'nvfp4-inlined' .* \['bf16', 'nvfp4'\]"):
+        profile.load_text(path, "nvfp4-inlined")

@@ -2,6 +2,7 @@
 
     python bench/harness/step_profile.py --model DIR --out DIR [--env NAME=VALUE ...] [--tokens 24] [--layers N]
     python bench/harness/step_profile.py --analyze OUT/kernels.csv.gz [--layers N]
+    python bench/harness/step_profile.py --analyze profile-kernels.csv.gz --cell nvfp4-inlined [--layers N]
 
 It serves nothing: it runs ``max generate`` (through run_max.py, so
 attnquant's architectures and ``ATTNQUANT_*`` settings apply; capture off, so
@@ -152,10 +153,19 @@ def report(kernels: Sequence[Kernel], layers: int | None) -> str:
     return "\n".join(out)
 
 
-def load_text(path: Path) -> str:
+def load_text(path: Path, cell: str | None = None) -> str:
+    """A saved table's text; with ``cell``, only the part the lease's ``collect``
+    put under ``== .../profile-CELL/`` (its file holds every cell's table)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return f.read()
+        text = f.read()
+    if cell is None:
+        return text
+    parts = re.split(r"^== .*/profile-([\w.-]+)/$", text, flags=re.MULTILINE)
+    cells = dict(zip(parts[1::2], parts[2::2]))
+    if cell not in cells:
+        raise SystemExit(f"no cell {cell!r} in {path}: it holds {sorted(cells) or 'no marked cells'}")
+    return cells[cell]
 
 
 def generate_command(args: argparse.Namespace, tokens: int) -> list[str]:
@@ -217,10 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="compile: load, compile and run once without ncu; profile: the run under ncu alone")
     parser.add_argument("--gpu-lock", type=Path, help="lock file held while ncu runs (serve_benchmark.py's)")
     parser.add_argument("--analyze", type=Path, help="only analyse a kernels.csv(.gz) written before")
+    parser.add_argument("--cell", help="with --analyze on a lease's profile-kernels.csv.gz: that cell's table")
     parser.add_argument("--layers", type=int, help="the model's layer count: also print per-layer figures")
     args = parser.parse_args(argv)
     if args.analyze:
-        print(report(read_kernels(load_text(args.analyze)), args.layers))
+        print(report(read_kernels(load_text(args.analyze, args.cell)), args.layers))
         return 0
     if args.model is None or args.out is None:
         parser.error("--model and --out (or --analyze)")

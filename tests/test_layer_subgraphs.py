@@ -65,9 +65,9 @@ class Attention(Module[[Tensor], Tensor]):
 class Layer(Module[[Tensor], Tensor]):
     """A decoder-layer stand-in: ``mlp(self_attn(x))``."""
 
-    def __init__(self, offset: float) -> None:
+    def __init__(self, offset: float = 0.0, attention: Module[[Tensor], Tensor] | None = None) -> None:
         super().__init__()
-        self.self_attn = Attention(offset)
+        self.self_attn = attention if attention is not None else Attention(offset)
         self.mlp = Mlp()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -177,12 +177,12 @@ class _NoRope:
     freqs_cis = None
 
 
-class WeightValueAttention(Attention):
+class WeightValueAttention(Module[[Tensor], Tensor]):
     """A per-layer value made of the layer's own weight alone (as Gemma 4's
     per-head q/k/v norm weights are), through ``common.attention.layer_values``."""
 
     def __init__(self, index: int) -> None:
-        super().__init__(0.0)
+        super().__init__()
         self.index = index
         self.weight = Tensor.zeros([8])
 
@@ -201,9 +201,7 @@ def test_values_made_of_weights_are_made_in_the_enclosing_graph() -> None:
     """There MAX evaluates them once at load; inside the shared body, where
     the weights are arguments, they would run every step."""
     with default_device(CPU()):
-        layers = [Layer(0.0) for _ in range(3)]
-        for i, layer in enumerate(layers):
-            layer.self_attn = WeightValueAttention(i)
+        layers = [Layer(attention=WeightValueAttention(i)) for i in range(3)]
         stack = Stack(layers)
     share_all(layers, [renamed(DENSE, i) for i in range(3)], ["sliding"] * 3)
     weights = {f"layers.{i}.mlp.weight": np.eye(8, dtype=np.float32) for i in range(3)}

@@ -81,10 +81,11 @@ def test_every_option_is_accepted(command: list[str], options: list[str]) -> Non
 
 def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str], list[str]]:
     """Runs the lease script with python3 and nvidia-smi replaced by stubs
-    that log their arguments: (progress lines, python3 calls), in order. A call
+    that log their arguments: (progress lines, python3 calls), in order; its
+    output goes to work/session.log, as with `start`. A call
     whose arguments hold STUB_SLOW takes 12 s (the script polls every 5 s)."""
     stubs, work = tmp_path / "stubs", tmp_path / "work"
-    stubs.mkdir()
+    stubs.mkdir(parents=True)
     work.mkdir()
     calls = work / "calls.log"
     (stubs / "python3").write_text(f'#!/bin/bash\necho "python3 $* [cache ${{XDG_CACHE_HOME:-}}]" >> {calls}\n'
@@ -94,7 +95,8 @@ def _run_with_stubs(tmp_path: Path, phases: str, **env: str) -> tuple[list[str],
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "PHASES": phases,
            "WORK": str(work), "OUT": str(tmp_path / "out"), **env}  # fmt: skip
-    subprocess.run(["bash", str(LEASE), "run"], env=env, check=True, timeout=120, capture_output=True)
+    ran = subprocess.run(["bash", str(LEASE), "run"], env=env, check=True, timeout=120, capture_output=True, text=True)
+    (work / "session.log").write_text(ran.stdout)  # where `start` sends it
     progress = [line.split(" ", 1)[1] for line in (work / "progress.log").read_text().splitlines()]
     return progress, calls.read_text().splitlines() if calls.exists() else []
 
@@ -276,7 +278,7 @@ def test_stepprofile_compiles_both_side_by_side_then_profiles_each_alone(tmp_pat
     """Gemma 4's memory plan (weights + 15 GiB) must fit each cap; both caps fit the card."""
     progress, calls = _run_with_stubs(tmp_path, "stepprofile", PROFILE_CELLS="nvfp4 bf16")
     assert progress[0] == "stepprofile" and "stepprofile done" in progress
-    made = next(i for i, c in enumerate(calls) if "make_random_gemma4.py" in c and "g4-profile" in c)
+    made = next(i for i, c in enumerate(calls) if "make_random_gemma4.py" in c and "profile-model --layers 6" in c)
     runs = [c for c in calls if "step_profile.py" in c]
     assert calls.index(runs[0]) > made
     stages = [c.split("--stage ")[1].split()[0] for c in runs]
@@ -304,6 +306,19 @@ def test_collect_returns_at_most_8_files_with_the_profiles_raw_tables(tmp_path: 
     assert "the decode step is 11 kernels" in (out / "kernels.txt").read_text()
     with gzip.open(out / "profile-kernels.csv.gz", "rt") as f:
         assert f.read().splitlines()[1:] == ['"ID","Kernel Name"', '"0","k"']
+
+
+def test_stepprofile_at_a_gemma3_geometry_and_an_unknown_one(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path / "1b", "stepprofile", PROFILE_GEOMETRY="1b", PROFILE_LAYERS="4")
+    made = [c for c in calls if "make_random_" in c]
+    assert len(made) == 1 and "make_random_gemma3.py" in made[0] and "--geometry 1b --layers 4" in made[0]
+    runs = [c for c in calls if "step_profile.py" in c]
+    assert len(runs) == 2 and all("profile-model" in c and "--layers 4" in c for c in runs)
+
+    progress, calls = _run_with_stubs(tmp_path / "27b", "stepprofile", PROFILE_GEOMETRY="27b")
+    assert "stepprofile done" in progress  # no checkpoint, nothing compiled or profiled
+    assert not [c for c in calls if "make_random_" in c or "step_profile.py" in c]
+    assert "unknown PROFILE_GEOMETRY 27b" in (tmp_path / "27b" / "work" / "session.log").read_text()
 
 
 def test_stepprofile_inlined_cell_inlines_every_layer_and_a_bad_cell_is_named(tmp_path: Path) -> None:

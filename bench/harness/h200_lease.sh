@@ -57,12 +57,12 @@
 #      with the NVFP4 head only (no bf16-head cell: 35 GiB less, room for "tuned" beside it);
 #      G4_TPOT_UNGATED: adds the NVFP4-head cell with gate|up not gated (ATTNQUANT_GATED_GEMV=0;
 #      auto gates this size), with ROUNDS for the cells measured in turn;
-#   "stepprofile": where the 31B geometry's decode step goes, kernel by kernel: Gemma 4
-#      at G4_PROFILE_LAYERS (6: five sliding layers and one full), ours NVFP4 with the
-#      NVFP4 head, one `max generate` under ncu (bench/harness/step_profile.py; capture
-#      off, compiled first without ncu; ncu holds the GPU lock for its run alone);
-#      PROFILE_CELLS ("nvfp4"; at most two: also "nvfp4-inlined", every layer inlined,
-#      and "bf16", ours bf16) picks what is profiled;
+#   "stepprofile": where a decode step goes, kernel by kernel: PROFILE_GEOMETRY ("31b",
+#      random Gemma 4; "1b" or "4b", random Gemma 3) cut to PROFILE_LAYERS (6: five
+#      sliding layers and one full), ours NVFP4 with the NVFP4 head, one `max generate`
+#      under ncu (bench/harness/step_profile.py; capture off, compiled first without ncu;
+#      ncu holds the GPU lock for its run alone); PROFILE_CELLS ("nvfp4"; at most two:
+#      also "nvfp4-inlined", every layer inlined, and "bf16", ours bf16) picks what is profiled;
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -72,7 +72,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -192,7 +192,17 @@ g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf1
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }
 
-stepprofile() {  # STAGE ARENA% CELL: a generate on the g4-profile checkpoint
+profile_checkpoint() {  # the stepprofile phase's random checkpoint, at PROFILE_GEOMETRY
+  local layers=(--layers "${PROFILE_LAYERS:-6}")
+  case "${PROFILE_GEOMETRY:-31b}" in
+    31b) python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/profile-model" "${layers[@]}" 2>&1 | tail -1 ;;
+    1b|4b) python3 "$HERE/../checkpoints/make_random_gemma3.py" "$WORK/profile-model" --geometry "$PROFILE_GEOMETRY" \
+      "${layers[@]}" 2>&1 | tail -1 ;;
+    *) echo "unknown PROFILE_GEOMETRY $PROFILE_GEOMETRY (31b: Gemma 4; 1b, 4b: Gemma 3)"; return 1 ;;
+  esac
+}
+
+stepprofile() {  # STAGE ARENA% CELL: a generate on the profile-model checkpoint
   local settings
   case "$3" in  # what each cell serves
     nvfp4) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=nvfp4) ;;
@@ -200,7 +210,7 @@ stepprofile() {  # STAGE ARENA% CELL: a generate on the g4-profile checkpoint
     bf16) settings=(ATTNQUANT_QUANT=none ATTNQUANT_LM_HEAD=bf16) ;;
     *) echo "unknown profile cell $3 (nvfp4, nvfp4-inlined, bf16)" >> "$WORK/profile-$3.txt"; return 1 ;;
   esac
-  python3 "$HERE/step_profile.py" --model "$WORK/g4-profile" --out "$WORK/profile-$3" --layers "${G4_PROFILE_LAYERS:-6}" \
+  python3 "$HERE/step_profile.py" --model "$WORK/profile-model" --out "$WORK/profile-$3" --layers "${PROFILE_LAYERS:-6}" \
     --stage "$1" --gpu-lock "$LOCK" --env "$ARENA=$2" "${settings[@]}" >> "$WORK/profile-$3.txt" 2>&1
 }
 
@@ -267,15 +277,16 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   if wants g4tpot; then ( say "g4tpot"; g4tpot; say "g4tpot done" ) & fi
   if wants stepprofile; then
     ( say "stepprofile"
-      python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-profile" --layers "${G4_PROFILE_LAYERS:-6}" 2>&1 | tail -1
       # Gemma 4's memory plan is its weights + 15 GiB of activations (NVFP4 ~21 GiB, bf16 ~24 at
-      # 6 layers): two compile side by side in caps set as they start (31 or 38 % of ~80 GiB),
-      # then each runs under ncu alone, with the card to itself.
-      for cell in ${PROFILE_CELLS:-nvfp4}; do
-        stepprofile compile "$([ "$cell" = bf16 ] && echo 38 || echo 31)" "$cell" &
-      done
-      wait
-      for cell in ${PROFILE_CELLS:-nvfp4}; do stepprofile profile 60 "$cell"; done
+      # 6 layers; Gemma 3's is smaller): two compile side by side in caps set as they start (31
+      # or 38 % of ~80 GiB), then each runs under ncu alone, with the card to itself.
+      if profile_checkpoint; then
+        for cell in ${PROFILE_CELLS:-nvfp4}; do
+          stepprofile compile "$([ "$cell" = bf16 ] && echo 38 || echo 31)" "$cell" &
+        done
+        wait
+        for cell in ${PROFILE_CELLS:-nvfp4}; do stepprofile profile 60 "$cell"; done
+      fi
       say "stepprofile done" ) &
   fi
   if wants verify; then  # no GPU lock: its compiles would hold the timings up; its GPU work is seconds

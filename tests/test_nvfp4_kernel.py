@@ -31,6 +31,7 @@ from attnquant.graph.ops import custom_extensions_path
 from attnquant.graph.runtime import capture_off_advice
 from kernels import sm90_layout as L
 from tests.mojo_ptx import sm90a_ptx
+from tests.virtual_gpu import compile_for_virtual_gpu
 
 E2M1 = torch.tensor(
     [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64
@@ -397,20 +398,10 @@ def test_gpu_ops_assemble_for_sm90a(sm90_ptx: list[Path], tmp_path: Path) -> Non
 
 
 _SM90_GRAPH = """
-from max import driver
-driver.set_virtual_device_api("cuda")
-driver.set_virtual_device_target_arch("sm_90a")
-driver.set_virtual_device_count(1)
 import dataclasses
-from max.dtype import DType
-from max.engine import InferenceSession
-from max.experimental import compilation
-from max.experimental.sharding import TensorLayout
 from attnquant.graph import nvfp4 as K
 from attnquant.graph.ops import custom_extensions_path
 
-gpu = driver.Accelerator()
-session = InferenceSession(devices=[driver.CPU(), gpu])
 n, k = 1536, 1152
 config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True, sm90_variant="3:4:1:1")
 backend = K.choose_backend(config)
@@ -434,9 +425,6 @@ assert dict(params) == {"variant": 3, "kw": 2, "splitk": 1, "wide_variant": 2, "
 config = dataclasses.replace(config, kernel_params=params)
 compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
 print("COMPILED sm_90a, one kernel up to 8 rows and another above")
-
-from attnquant.max_compat import exit_after_virtual_compile
-exit_after_virtual_compile()
 """
 
 
@@ -447,8 +435,7 @@ def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
     MAX graph for a virtual sm_90a: the
     parameters the plan records reach the Mojo op (a child process, since the
     virtual device is process-wide)."""
-    r = subprocess.run([__import__("sys").executable, "-c", _SM90_GRAPH], capture_output=True, text=True,
-                       timeout=1200, env=child_environment(), cwd=ROOT)  # fmt: skip
+    r = compile_for_virtual_gpu("sm_90a", _SM90_GRAPH)
     assert r.returncode == 0 and "COMPILED sm_90a" in r.stdout, (r.stdout + r.stderr)[-4000:]
     assert "another above" in r.stdout, (r.stdout + r.stderr)[-4000:]
 

@@ -10,11 +10,6 @@ measured anywhere yet.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -22,7 +17,7 @@ from max.dtype import DType
 
 from attnquant.graph import nvfp4 as K
 from attnquant.graph.nvfp4 import sm100 as S
-from attnquant.max_compat import child_environment
+from tests.virtual_gpu import compile_for_virtual_gpu
 
 BF16 = DType.bfloat16
 
@@ -72,23 +67,12 @@ def test_sm100_takes_every_gemma_projection() -> None:
         assert ok and "W4A4" in why and "not measured" in why, (n, k, why)
 
 
-_COMPILE = textwrap.dedent(
-    """
-    from max import driver
-    driver.set_virtual_device_api("cuda")
-    driver.set_virtual_device_target_arch("sm_100a")
-    driver.set_virtual_device_count(1)
-    from max.dtype import DType
-    from max.engine import InferenceSession
-    from max.experimental import compilation
-    from max.experimental.sharding import TensorLayout
+_COMPILE = """
     from attnquant.graph import nvfp4 as K
     from attnquant.graph.ops import custom_extensions_path
     from attnquant.max_compat import device_arch
 
-    gpu = driver.Accelerator()
     assert driver.accelerator_architecture_name() == "sm_100a"
-    session = InferenceSession(devices=[driver.CPU(), gpu])
     n, k = 1536, 1152  # Gemma 3 1B q|k|v
     config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", device_arch(gpu))
     assert K.choose_backend(config).name == "max-sm100"
@@ -100,11 +84,7 @@ _COMPILE = textwrap.dedent(
              TensorLayout(DType.float8_e4m3fn, [n, k // 16], gpu), TensorLayout(DType.float32, [1], gpu)]
     compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
     print("COMPILED sm_100a")
-
-    from attnquant.max_compat import exit_after_virtual_compile
-    exit_after_virtual_compile()
     """
-)
 
 
 @pytest.mark.max
@@ -112,6 +92,5 @@ def test_sm100_graph_compiles_for_virtual_sm100a() -> None:
     """A graph with the max-sm100 backend (symbolic M: quantize x to NVFP4,
     MAX's SM100 block-scaled matmul, global scale) compiles for sm_100a.
     Compiled, not run: there is no Blackwell GPU here (~90 s on 2 cores)."""
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, timeout=1200,
-                       env=child_environment(), cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    r = compile_for_virtual_gpu("sm_100a", _COMPILE)
     assert r.returncode == 0 and "COMPILED sm_100a" in r.stdout, (r.stdout + r.stderr)[-4000:]

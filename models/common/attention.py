@@ -7,7 +7,7 @@ attention calls them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from max.driver import CPU
 from max.dtype import DType
@@ -18,6 +18,8 @@ from max.experimental.nn.common_layers.functional_kernels import (
     rope_split_store_ragged,
 )
 from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
+from max.experimental.nn.norm import rms_norm
+from max.experimental.sharding import DeviceMapping
 from max.experimental.tensor import Tensor
 from max.nn.attention import MHAMaskVariant
 from max.nn.kv_cache import KVCacheParams
@@ -93,6 +95,31 @@ def rope_store_attend(
     return attn_out.reshape((-1, n_heads * head_dim))
 
 
-def per_head(norm: Module[[Tensor], Tensor], x: Tensor, heads: int, head_dim: int) -> Tensor:
-    """``norm`` over each head's vector of a [tokens, heads * head_dim] projection."""
-    return norm(x.reshape((-1, heads, head_dim))).reshape((-1, heads * head_dim))
+def head_norm_scales(groups: Sequence[tuple[Tensor, int]], head_dim: int, offset: float = 0.0) -> Tensor:
+    """[heads, head_dim] float32: for each (norm weight, head count) group,
+    that many rows of ``offset + weight``: the table :func:`normed_heads`
+    multiplies by. Made of weights alone: build it in the enclosing graph
+    (a :data:`LayerValues` entry)."""
+    rows = []
+    for weight, count in groups:
+        row = weight.cast(DType.float32)
+        row = (row + offset if offset else row).reshape((1, head_dim))
+        rows.append(F.broadcast_to(row, (count, head_dim)))
+    return F.concat(rows, axis=0)
+
+
+def normed_heads(x: Tensor, scales: Tensor, eps: float) -> Tensor:
+    """An RMS norm of each head of ``x`` ([tokens, heads * head_dim]), each
+    head then times its row of ``scales`` (:func:`head_norm_scales`) in float32.
+
+    One kernel on a GPU where per-head norms of their own and their concat
+    are several: the norm reads ``x`` in its own dtype (a cast in front would
+    be a launch of its own: MAX fuses only view ops into a norm's input), the
+    multiply and the cast after it fuse into the norm. In bfloat16 the
+    normalized value is so rounded once before the multiply, which MAX's
+    per-head norms do after it (``multiply_before_cast``): at most one
+    bfloat16 step apart."""
+    heads, head_dim = (int(d) for d in scales.shape)
+    ones = Tensor.ones([head_dim], dtype=x.dtype, device=DeviceMapping.replicated(x.mesh))
+    normed = rms_norm(x.reshape((-1, heads, head_dim)), ones, eps)
+    return (normed.cast(DType.float32) * scales).cast(x.dtype).reshape((-1, heads * head_dim))

@@ -19,12 +19,9 @@ once at load rather than every step (docs/performance.md).
 
 from __future__ import annotations
 
-from max.dtype import DType
 from max.experimental import functional as F
 from max.experimental.nn import Module
 from max.experimental.nn.common_layers.kv_cache import PagedCacheValues
-from max.experimental.nn.norm import rms_norm
-from max.experimental.sharding import DeviceMapping
 from max.experimental.tensor import Tensor
 from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
     Gemma4Attention,
@@ -33,7 +30,7 @@ from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import LayerValues, layer_values, rope_store_attend
+from ...common.attention import LayerValues, head_norm_scales, layer_values, normed_heads, rope_store_attend
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -77,24 +74,14 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
 
     def _qkv_norm_scales(self) -> Tensor:
         """[q|k|v heads, head_dim] float32: each head's norm weight (v's: ones)."""
-        kv, head_dim = self.num_key_value_heads, self.head_dim
-
-        def rows(weight: Tensor, count: int) -> Tensor:
-            return F.broadcast_to(weight.cast(DType.float32).reshape((1, head_dim)), (count, head_dim))
-
+        kv = self.num_key_value_heads
         v_weight = Tensor.ones_like(self.k_norm.weight)  # v's norm has none
         groups = ((self.q_norm.weight, self.n_heads), (self.k_norm.weight, kv), (v_weight, kv))
-        return F.concat([rows(weight, count) for weight, count in groups], axis=0)
+        return head_norm_scales(groups, self.head_dim)
 
     def _normed_qkv(self, qkv: Tensor, scales: Tensor) -> Tensor:
-        """The q, k and v norms over [tokens, q|k|v] as one RMS norm of every
-        head, each head then times its row of ``scales``. In float32 and cast
-        back, as each of MAX's norms multiplies before its cast
-        (``multiply_before_cast``)."""
-        heads, head_dim = self.n_heads + 2 * self.num_key_value_heads, self.head_dim
-        ones = Tensor.ones([head_dim], dtype=DType.float32, device=DeviceMapping.replicated(qkv.mesh))
-        normed = rms_norm(qkv.cast(DType.float32).reshape((-1, heads, head_dim)), ones, self.eps)
-        return (normed * scales).cast(qkv.dtype).reshape((-1, heads * head_dim))
+        """The q, k and v norms over [tokens, q|k|v], as one (``normed_heads``)."""
+        return normed_heads(qkv, scales, self.eps)
 
     def rope(self) -> Module:
         return self.rope_local if self.use_local else self.rope_global

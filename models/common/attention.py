@@ -95,6 +95,15 @@ def rope_store_attend(
     return attn_out.reshape((-1, n_heads * head_dim))
 
 
+def shared_eps(model: str, norms: Sequence[Module]) -> float:
+    """The one eps of ``norms`` (MAX builds a layer's q/k(/v) norms from one
+    ``qk_norm_eps``), which :func:`normed_heads` needs to serve them all."""
+    eps = {norm.eps for norm in norms}
+    if len(eps) != 1:
+        raise ValueError(f"{model}: the q/k(/v) norms have different eps {sorted(eps)}; one fused norm cannot serve them")
+    return eps.pop()
+
+
 def head_norm_scales(groups: Sequence[tuple[Tensor, int]], head_dim: int, offset: float = 0.0) -> Tensor:
     """[heads, head_dim] float32: for each (norm weight, head count) group,
     that many rows of ``offset + weight``: the table :func:`normed_heads`

@@ -26,7 +26,14 @@ from max.pipelines.architectures.gemma3_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import LayerValues, head_norm_scales, layer_values, normed_heads, rope_store_attend
+from ...common.attention import (
+    LayerValues,
+    head_norm_scales,
+    layer_values,
+    normed_heads,
+    rope_store_attend,
+    shared_eps,
+)
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -53,11 +60,7 @@ class ProjectedGemma3Attention(Module[..., Tensor]):
         self.rope_local = base.rope_local
         self.q_norm = base.q_norm
         self.k_norm = base.k_norm
-        if base.q_norm.eps != base.k_norm.eps:  # MAX builds both from one qk_norm_eps
-            raise ValueError(
-                f"Gemma 3 q/k norms with eps {base.q_norm.eps} and {base.k_norm.eps}: one fused norm cannot serve them"
-            )
-        self.eps = base.q_norm.eps
+        self.eps = shared_eps("Gemma 3", (base.q_norm, base.k_norm))
         self.head_dim = base.kv_params.head_dim
         self.qkv_proj = build_projection(qkv)
         self.o_proj = build_projection(o)

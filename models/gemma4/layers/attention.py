@@ -30,7 +30,14 @@ from max.pipelines.architectures.gemma4_modulev3.layers.attention import (
 from attnquant.graph.projections import build_projection
 from attnquant.plan import PartPlan
 
-from ...common.attention import LayerValues, head_norm_scales, layer_values, normed_heads, rope_store_attend
+from ...common.attention import (
+    LayerValues,
+    head_norm_scales,
+    layer_values,
+    normed_heads,
+    rope_store_attend,
+    shared_eps,
+)
 
 # Plain configuration MAX's attention computes in its constructor.
 _ADOPTED = (
@@ -56,10 +63,7 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         self.rope_local = base.rope_local
         self.q_norm = base.q_norm
         self.k_norm = base.k_norm
-        eps = {base.q_norm.eps, base.k_norm.eps, base.v_norm.eps}
-        if len(eps) != 1:  # MAX builds all three from one qk_norm_eps
-            raise ValueError(f"Gemma 4 q/k/v norms with different eps {sorted(eps)}: one fused norm cannot serve them")
-        (self.eps,) = eps
+        self.eps = shared_eps("Gemma 4", (base.q_norm, base.k_norm, base.v_norm))
         self.has_v_proj = "v_proj" in {m for part in qkv for m in part.members}
         self.qkv_proj = build_projection(qkv)
         self.o_proj = build_projection(o)
@@ -79,10 +83,6 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         groups = ((self.q_norm.weight, self.n_heads), (self.k_norm.weight, kv), (v_weight, kv))
         return head_norm_scales(groups, self.head_dim)
 
-    def _normed_qkv(self, qkv: Tensor, scales: Tensor) -> Tensor:
-        """The q, k and v norms over [tokens, q|k|v], as one (``normed_heads``)."""
-        return normed_heads(qkv, scales, self.eps)
-
     def rope(self) -> Module:
         return self.rope_local if self.use_local else self.rope_global
 
@@ -95,7 +95,7 @@ class ProjectedGemma4Attention(Module[..., Tensor]):
         self, x: Tensor, kv_collection: PagedCacheValues, *, input_row_offsets: Tensor
     ) -> Tensor:
         layer = self.layer_values()
-        qkv = self._normed_qkv(self._project_qkv(x), layer["qkv_norm_scales"])
+        qkv = normed_heads(self._project_qkv(x), layer["qkv_norm_scales"], self.eps)
         attn_out = rope_store_attend(
             qkv,
             kv_params=self.kv_params,

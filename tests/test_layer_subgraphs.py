@@ -27,6 +27,7 @@ from attnquant.config import AttnQuantConfig
 from attnquant.plan import PartPlan
 from models.common import layer_subgraphs as ls
 from models.common.attention import layer_values
+from models.common.layer_boundary import BoundaryLayer, LayerInput, gemma_norm, hand_on_input_norms, with_next_norms
 
 DENSE = PartPlan("dense", ("layers.0.mlp.down_proj",), (8,), 8)
 NVFP4 = PartPlan("nvfp4", ("layers.0.mlp.down_proj",), (8,), 8, backend="mojo-sm90", kernel_params=(("variant", 0),))
@@ -62,13 +63,16 @@ class Attention(Module[[Tensor], Tensor]):
         return x + self.layer_values()["offset"].to(x.device)
 
 
-class Layer(Module[[Tensor], Tensor]):
+class Layer(ls.SharableLayer):
     """A decoder-layer stand-in: ``mlp(self_attn(x))``."""
 
     def __init__(self, offset: float = 0.0, attention: Module[[Tensor], Tensor] | None = None) -> None:
         super().__init__()
         self.self_attn = attention if attention is not None else Attention(offset)
         self.mlp = Mlp()
+
+    def layer_values(self) -> dict[str, Tensor]:
+        return self.self_attn.layer_values()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.mlp(self.self_attn(x))
@@ -102,7 +106,7 @@ def test_layers_share_a_subgraph_only_when_their_ops_match() -> None:
     # Names differ between layers only in the layer index: dense 0 and 1 share.
     assert names[0] == names[1] and names[2] == names[3]
     assert len({names[0], names[2], names[4]}) == 3  # another kernel, another attention kind
-    assert names[5] is None and not getattr(type(layers[5]), "calls_subgraph", False)  # theta: inlined
+    assert names[5] is None  # theta: inlined
     assert subgraphs.layers["inlined"] == 1 and len(subgraphs.names) == 3
 
 
@@ -122,7 +126,7 @@ def test_subgraphs_are_shared_on_every_device_unless_told_otherwise_and_the_log_
     subgraphs = ls.LayerSubgraphs("toy", gpu)
     for i, layer in enumerate(layers):
         subgraphs.share(layer, "sliding", [(renamed(DENSE, i),)])
-    assert not any(hasattr(layer, "subgraph_name") for layer in layers)
+    assert not any(layer.subgraph_name for layer in layers)
     with caplog.at_level("INFO"):
         subgraphs.log()
     assert f"toy: 3 decoder layers inlined ({gpu.reason})" in caplog.text
@@ -234,3 +238,63 @@ def test_weight_prefix_is_read_off_the_mlp() -> None:
     Named.external_name = "rope.weight"
     with pytest.raises(ValueError, match="not '<prefix>mlp.weight'"):
         ls.weight_prefix(Fake())
+
+
+class Norm(Module[[Tensor], Tensor]):
+    def __init__(self, dim: int = 8, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = Tensor.zeros([dim])
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gemma_norm(x, self.weight, self.eps, offset=1.0)
+
+
+class BoundaryToy(BoundaryLayer):
+    """A decoder-layer stand-in ending with the next layer's input norm:
+    ``h + mlp(self_attn(norm(h)))``."""
+
+    hidden_arg = 0
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.input_layernorm = Norm()
+        self.self_attn = Attention(offset)
+        self.mlp = Mlp()
+
+    def forward(self, x: LayerInput) -> LayerInput:  # type: ignore[override]
+        residual, normed = x
+        return self.ending(residual + self.mlp(self.self_attn(normed)))
+
+
+class NormedStack(Stack):
+    def __init__(self, layers: list[Layer]) -> None:
+        super().__init__(layers)
+        self.norm = Norm()
+
+
+def test_layers_hand_on_the_next_layers_normed_input() -> None:
+    """Three layers, two shared and one inlined: each shared body takes and
+    returns the residual and its normed twin, the stack's result is the
+    plain residual, and every layer's input is normalized with that layer's
+    input-norm weight (by the layer before it, under its own name)."""
+    rng = np.random.default_rng(0)
+    with default_device(CPU()):
+        layers = [BoundaryToy(float(i)) for i in range(3)]
+        stack = NormedStack(layers)
+        hand_on_input_norms(layers, stack.norm)
+    share_all(layers, [renamed(DENSE, 0), renamed(DENSE, 1), renamed(THETA, 2)], ["sliding"] * 3)
+    mlp = [rng.standard_normal((8, 8)).astype(np.float32) / 4 for _ in range(3)]
+    norm = [rng.standard_normal(8).astype(np.float32) / 4 for _ in range(4)]
+    weights = {f"layers.{i}.mlp.weight": mlp[i] for i in range(3)}
+    weights |= {f"layers.{i}.input_layernorm.weight": norm[i] for i in range(3)} | {"norm.weight": norm[3]}
+    text, run = compile_recording(stack, with_next_norms(weights, "", 3))
+    calls = [line for line in text.splitlines() if "mo.call @toy_sliding_layer_0" in line]
+    assert len(calls) == 2 and all(line.count("!mo.tensor<[m, 8], f32>") >= 4 for line in calls), calls
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    h = x.astype(np.float64)
+    for i in range(3):
+        normed = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + 1e-6) * (1 + norm[i])
+        h = h + (normed + i) @ mlp[i].T
+    out = np.from_dlpack(run(Tensor.from_dlpack(x)))
+    np.testing.assert_allclose(out, h, rtol=1e-5, atol=1e-5)

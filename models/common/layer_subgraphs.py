@@ -47,20 +47,13 @@ _SUBGRAPH_INPUTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Co
 
 def subgraph_inputs() -> dict[str, Any] | None:
     """Inside a shared layer subgraph's body: the per-layer values it was
-    called with (:func:`attention_values`, now the subgraph's arguments);
-    elsewhere None."""
+    called with (the layer's ``layer_values()``, now the subgraph's
+    arguments); elsewhere None."""
     return _SUBGRAPH_INPUTS.get()
 
 
 LAYER_GROUPS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 """A Gemma decoder layer's projection groups, in the plan's names relative to the layer."""
-
-
-def attention_values(layer: Any) -> dict[str, Any]:
-    """What differs between the layers of one subgraph, as graph values of the
-    enclosing graph: their attention's cache index and rotary table
-    (``common.attention.layer_values``)."""
-    return layer.self_attn.layer_values()
 
 
 def part_structure(part: PartPlan) -> PartPlan | None:
@@ -108,16 +101,16 @@ class LayerSubgraphs:
         self.names: dict[Hashable, str] = {}
         self.layers: Counter[str] = Counter()
 
-    def share(self, layer: Module[..., Any], kind: str, groups: list[tuple[PartPlan, ...]]) -> None:
+    def share(self, layer: SharableLayer, kind: str, groups: list[tuple[PartPlan, ...]]) -> None:
         """Makes ``layer`` (attention ``kind``, these projection groups, and
-        ``mlp`` and ``self_attn`` children) call its structure's subgraph."""
+        an ``mlp`` child) call its structure's subgraph."""
         parts = tuple(part_structure(p) for group in groups for p in group)
         if not self.choice.enabled or any(p is None for p in parts):
             self.layers["inlined"] += 1
             return
         name = self.names.setdefault((kind, parts), f"{self.model}_{kind}_layer_{len(self.names)}")
         self.layers[name] += 1
-        _call_through_subgraph(layer, name)
+        layer.subgraph_name = name
 
     def log(self) -> None:
         total = sum(self.layers.values())
@@ -143,12 +136,33 @@ def weight_prefix(layer: Module[..., Any]) -> str:
     return name[: -len(suffix)]
 
 
-def _call_through_subgraph(layer: Module[..., Any], name: str) -> None:
-    """Swaps ``layer``'s class for a subclass whose call goes through the
-    subgraph ``name``; its children and weight names stay as they are."""
-    layer.subgraph_name = name  # type: ignore[attr-defined]
-    if not getattr(type(layer), "calls_subgraph", False):
-        layer.__class__ = _subgraph_class(type(layer))
+class SharableLayer(Module[..., Any]):
+    """A decoder layer :class:`LayerSubgraphs` can share: its call runs
+    :func:`call_forward`, and ``layer_values()`` gives what differs between
+    the layers of one subgraph, as graph values of the enclosing graph (their
+    attention's cache index and rotary table, ``common.attention.layer_values``,
+    and whatever else the layer adds)."""
+
+    subgraph_name: str | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return call_forward(self, *args, **kwargs)
+
+    def layer_values(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__name__} must say its per-layer values")
+
+
+def call_forward(layer: SharableLayer, *args: Any, **kwargs: Any) -> Any:
+    """``layer``'s forward, through its shared subgraph when it has one."""
+    forward = type(layer).forward
+    if layer.subgraph_name is None or not in_graph_context():  # inlined, or eager: nothing to share
+        return forward(layer, *args, **kwargs)
+    # Projections may call our custom ops, which MAX compiles only from
+    # the root graph's kernel libraries (a subgraph starts with those).
+    import_ops(Graph.current)
+    body = functools.partial(_body, forward, layer)
+    call = as_subgraph(body, name=layer.subgraph_name, prefix=weight_prefix(layer))
+    return call(*args, **kwargs, layer_inputs=layer.layer_values())
 
 
 def _body(forward: Callable[..., Any], layer: Any, *args: Any, layer_inputs: dict[str, Any], **kwargs: Any) -> Any:
@@ -158,19 +172,3 @@ def _body(forward: Callable[..., Any], layer: Any, *args: Any, layer_inputs: dic
         return forward(layer, *args, **kwargs)
     finally:
         _SUBGRAPH_INPUTS.reset(token)
-
-
-@functools.cache
-def _subgraph_class(cls: type[Module[..., Any]]) -> type[Module[..., Any]]:
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not in_graph_context():  # eager: nothing to share
-            return cls.forward(self, *args, **kwargs)
-        # Projections may call our custom ops, which MAX compiles only from
-        # the root graph's kernel libraries (a subgraph starts with those).
-        import_ops(Graph.current)
-        body = functools.partial(_body, cls.forward, self)
-        call = as_subgraph(body, name=self.subgraph_name, prefix=weight_prefix(self))
-        return call(*args, **kwargs, layer_inputs=attention_values(self))
-
-    namespace = {"__call__": __call__, "calls_subgraph": True, "__module__": __name__}
-    return type(f"Subgraph{cls.__name__}", (cls,), namespace)

@@ -45,6 +45,7 @@ from attnquant.load.head import OutputHead
 from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
+from ..common.layer_boundary import adopt, hand_on_input_norms, with_next_norms
 from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
@@ -52,6 +53,7 @@ from ..common.vision import IMAGES_NEED_A_GPU
 from . import weight_adapters
 from .inputs import AttnQuantGemma3BatchProcessor, AttnQuantGemma3MultiModalBatchProcessor
 from .layers.attention import ProjectedGemma3Attention
+from .layers.decoder_layer import Gemma3DecoderLayer
 from .model_config import AttnQuantGemma3Config, AttnQuantGemma3MultiModalConfig
 
 logger = logging.getLogger(LOGGER_NAME)
@@ -77,7 +79,8 @@ def use_projections(
     layer_subgraphs: SubgraphChoice,
 ) -> None:
     """Swaps every decoder layer's attention and MLP of MAX's ``Gemma3TextModel``
-    for plan-built ones, and computes its output head through attnquant.
+    for plan-built ones, each layer ending with the next one's input norm
+    (``common.layer_boundary``), and computes its output head through attnquant.
 
     ``plan`` is keyed by ``LANGUAGE_PREFIX`` names; ``text_config`` is the
     one ``text_model`` was built from; ``layer_subgraphs``: layers of one
@@ -94,7 +97,9 @@ def use_projections(
             qkv, o, gate_up, down = groups
             block.self_attn = ProjectedGemma3Attention(block.self_attn, qkv=qkv, o=o, scale=scale)
             block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
+            adopt(block, Gemma3DecoderLayer)
             subgraphs.share(block, "sliding" if block.self_attn.is_sliding else "full", groups)
+        hand_on_input_norms(text_model.layers, text_model.norm)
         use_output_head(text_model, plan[head.group])
     subgraphs.log()
 
@@ -134,7 +139,7 @@ class AttnQuantGemma3Model(Gemma3Model):
             mlp_activation=model_config.hidden_activation,
         )
         model_config.projection_plan = prepared.plan
-        return prepared.state_dict
+        return with_next_norms(prepared.state_dict, LANGUAGE_PREFIX, model_config.num_hidden_layers)
 
     def _instantiate_module(self, model_config: AttnQuantGemma3Config) -> Any:
         with default_device(single_device_mesh(self.devices)):
@@ -204,7 +209,9 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
             stream=importance.GEMMA3,
             mlp_activation=config.text_config.hidden_activation,
         )
-        self._language_weights_dict = prepared.state_dict
+        self._language_weights_dict = with_next_norms(
+            prepared.state_dict, LANGUAGE_PREFIX, config.text_config.num_hidden_layers
+        )
         config.projection_plan = prepared.plan
         logger.info(self._describe_vision_tower())
         self.config = config

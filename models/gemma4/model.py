@@ -10,6 +10,7 @@ plan. The vision tower, when the checkpoint has one, is MAX's, untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -33,11 +34,13 @@ from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
+from ..common.layer_boundary import adopt, hand_on_input_norms, with_next_norms
 from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
 from .inputs import AttnQuantGemma4BatchProcessor
 from .layers.attention import ProjectedGemma4Attention, check_qkv_widths
+from .layers.decoder_layer import Gemma4DecoderLayer
 from .model_config import AttnQuantGemma4Config
 from .weight_adapters import bare_nvfp4_names, check_language_tensors
 
@@ -59,7 +62,8 @@ def prepare_language_weights(
     """attnquant's load-time pipeline over one Gemma 4 language tower.
 
     ``weights`` are named as in MAX's ModuleV3 tree (``language_model.layers.N...``);
-    the result keeps those names, with each layer's q|k(|v) and gate|up fused.
+    the result keeps those names, with each layer's q|k(|v) and gate|up fused
+    and its copy of the next input norm's weight (``common.layer_boundary``).
     """
     weights = bare_nvfp4_names(weights)
     check_language_tensors(weights)
@@ -74,7 +78,8 @@ def prepare_language_weights(
         # image-embedding input; keep it the served dtype so a float32 CPU
         # graph holds no bfloat16 tensor.
         config.unquantized_dtype = config.dtype
-    return prepared
+    served = with_next_norms(prepared.state_dict, LANGUAGE_PREFIX, config.text_config.num_hidden_layers)
+    return dataclasses.replace(prepared, state_dict=served)
 
 
 def output_head(config: AttnQuantGemma4Config) -> OutputHead:
@@ -110,7 +115,8 @@ def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
 def use_projections(
     text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str, layer_subgraphs: SubgraphChoice
 ) -> None:
-    """Swaps every decoder layer's attention and MLP for plan-built ones.
+    """Swaps every decoder layer's attention and MLP for plan-built ones,
+    each layer ending with the next one's input norm (``common.layer_boundary``).
 
     ``text_model`` is MAX's ``Gemma4TextModel`` (the ModuleV3 tower, or the
     MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names;
@@ -127,7 +133,9 @@ def use_projections(
             check_qkv_widths(i, block.self_attn, qkv)
             block.self_attn = ProjectedGemma4Attention(block.self_attn, qkv=qkv, o=o)
             block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
+            adopt(block, Gemma4DecoderLayer)
             subgraphs.share(block, "sliding" if block.self_attn.use_local else "full", groups)
+        hand_on_input_norms(text_model.layers, text_model.norm)
         use_output_head(text_model, plan[f"{LANGUAGE_PREFIX}lm_head"])
     subgraphs.log()
 

@@ -1,0 +1,116 @@
+"""Decoder layers that hand the next layer its input already normalized.
+
+A Gemma layer begins with its input norm and ends with its post-MLP norm
+added to the residual. On a GPU MAX runs "norm, add, norm" as one kernel,
+but a fusion never crosses a layer subgraph's call (layers share subgraphs
+by default, ``layer_subgraphs``), so the boundary between two layers ran as
+two kernels. Here a layer ends by normalizing its output for the next layer
+and passes both on, a :class:`LayerInput`: the boundary is one kernel,
+inside the layer's body.
+
+Each layer holds a norm of its own, ``next_input_norm``, whose weight is
+the next layer's input-norm weight (the final norm's after the last layer)
+under the layer's own name (:func:`with_next_norms` adds those names to the
+served weights), so a shared body binds it by the layer's prefix as it
+binds the rest. MAX's decoder loop only hands each layer's result to the
+next, so it needs no change: the first layer normalizes its plain input (in
+the enclosing graph, as before) and the last returns the plain residual.
+MAX normalizes the rows it keeps after the last layer again; the last
+layer's own normed rows cost no launch (the same kernel writes them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+from max.experimental.nn import Module
+from max.experimental.nn.norm import rms_norm
+from max.experimental.tensor import Tensor
+
+from .layer_subgraphs import SharableLayer, call_forward, subgraph_inputs
+
+
+class LayerInput(NamedTuple):
+    """What one decoder layer hands the next: the residual stream, and the
+    same through the next layer's input norm."""
+
+    residual: Tensor
+    normed: Tensor
+
+
+NEXT_NORM = "next_input_norm"
+"""The attribute, and the weight name within a layer, of a layer's copy of the next layer's input norm."""
+
+
+def gemma_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    """MAX's Gemma RMS norm (``GemmaRMSNorm``, ``Gemma4RMSNorm``) with a
+    weight given as a value: scales by ``offset + weight`` before the cast."""
+    return rms_norm(x, weight, eps, weight_offset=offset, multiply_before_cast=True)
+
+
+def hand_on_input_norms(layers: Sequence[Module[..., Any]], final_norm: Module[..., Any]) -> None:
+    """Gives each layer its ``next_input_norm``: a norm like the next
+    layer's input norm (the final norm after the last layer), with a weight
+    of its own that :func:`with_next_norms` names. One eps for all, or a
+    shared body would normalize every layer with the first one's."""
+    norms = [layer.input_layernorm for layer in layers[1:]] + [final_norm]
+    eps = {norm.eps for norm in norms}
+    if len(eps) != 1:
+        raise ValueError(f"the decoder's input and final norms have different eps {sorted(eps)}; expected one")
+    for i, (layer, norm) in enumerate(zip(layers, norms, strict=True)):
+        setattr(layer, NEXT_NORM, type(norm)(int(norm.weight.shape[0]), eps=norm.eps))
+        layer.last = i == len(layers) - 1
+
+
+def with_next_norms(weights: Mapping[str, Any], prefix: str, num_layers: int) -> dict[str, Any]:
+    """``weights`` (a decoder's, its layers under ``prefix + "layers."``) and,
+    for each layer, the next layer's input-norm weight (the final norm's for
+    the last) under the layer's ``next_input_norm`` name: the same arrays."""
+    served = dict(weights)
+    for i in range(num_layers):
+        source = f"{prefix}layers.{i + 1}.input_layernorm.weight" if i + 1 < num_layers else f"{prefix}norm.weight"
+        served[f"{prefix}layers.{i}.{NEXT_NORM}.weight"] = weights[source]
+    return served
+
+
+class BoundaryLayer(SharableLayer):
+    """A decoder layer whose forward takes and returns a :class:`LayerInput`
+    (its ``hidden_arg``-th argument), ending with :meth:`ending`. Its call
+    takes MAX's plain hidden state too (the first layer's) and returns one
+    after the ``last`` layer."""
+
+    hidden_arg: ClassVar[int]
+    last: bool
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hidden = args[self.hidden_arg]
+        if not isinstance(hidden, LayerInput):
+            first = LayerInput(hidden, self.input_layernorm(hidden))
+            args = (*args[: self.hidden_arg], first, *args[self.hidden_arg + 1 :])
+        residual, normed = call_forward(self, *args, **kwargs)
+        return residual if self.last else LayerInput(residual, normed)
+
+    def layer_values(self) -> dict[str, Any]:
+        return self.self_attn.layer_values() | self.boundary_values()
+
+    def boundary_values(self) -> dict[str, Tensor]:
+        """:meth:`ending_values`, or inside a shared body, its arguments."""
+        shared = subgraph_inputs()
+        return shared if shared is not None else self.ending_values()
+
+    def ending_values(self) -> dict[str, Tensor]:
+        """Values the layer's ending makes of its weights alone, made in the
+        enclosing graph (MAX makes them once at load; in a shared body, where
+        weights are arguments, every step): none here, a model's layer adds its own."""
+        return {}
+
+    def ending(self, h: Tensor) -> LayerInput:
+        """The layer's result: ``h``, and ``h`` through the next layer's input norm."""
+        return LayerInput(h, getattr(self, NEXT_NORM)(h))
+
+
+def adopt(layer: Module[..., Any], cls: type[BoundaryLayer]) -> None:
+    """Makes MAX's decoder ``layer`` a ``cls`` (a subclass of its class with
+    our forward); its children stay as they are."""
+    layer.__class__ = cls

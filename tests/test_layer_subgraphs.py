@@ -139,7 +139,6 @@ def test_kernel_choice_is_part_of_the_structure() -> None:
     assert ls.part_structure(THETA) is None
 
 
-@pytest.mark.max
 def compile_recording(stack: Stack, weights: dict[str, np.ndarray]) -> tuple[str, Any]:
     """``stack`` compiled on the CPU: (the text of the graph MAX compiled, the compiled model)."""
     from max.engine import InferenceSession
@@ -158,6 +157,7 @@ def compile_recording(stack: Stack, weights: dict[str, np.ndarray]) -> tuple[str
     return text, run
 
 
+@pytest.mark.max
 def test_shared_layers_run_their_own_weights_and_values() -> None:
     """Six layers, two structures: the compiled graph calls two subgraphs six
     times (bodies live beside it in the module), and each call computes with its own layer's weight
@@ -201,6 +201,7 @@ class WeightValueAttention(Module[[Tensor], Tensor]):
         return x + values["rows"][2].to(x.device) + values["cache_layer"].cast(DType.float32).to(x.device)
 
 
+@pytest.mark.max
 def test_values_made_of_weights_are_made_in_the_enclosing_graph() -> None:
     """There MAX evaluates them once at load; inside the shared body, where
     the weights are arguments, they would run every step."""
@@ -273,6 +274,7 @@ class NormedStack(Stack):
         self.norm = Norm()
 
 
+@pytest.mark.max
 def test_layers_hand_on_the_next_layers_normed_input() -> None:
     """Three layers, two shared and one inlined: each shared body takes and
     returns the residual and its normed twin, the stack's result is the

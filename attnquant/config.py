@@ -246,6 +246,15 @@ SETTINGS: tuple[Setting, ...] = (
         "gate/up the kernel can take; 0 = never (the activation runs as MAX ops after the "
         "GEMV). The log says which and why.",
     ),
+    Setting(
+        "ATTNQUANT_NORM_KERNEL", "norm_kernel", _parse_auto_or_bool, _constant(None),
+        "auto", f"auto, {_BOOL}",
+        "On an NVIDIA GPU, each decoder layer's two 'norm, add to the residual, next norm' "
+        "steps run as attnquant's kernel (attnquant.residual_rms_norm: one block a row, "
+        "every load before the first reduction) instead of MAX's fused norm. auto = the "
+        "kernel wherever it can take the hidden size (a multiple of 8, at most 8192); "
+        "0 = MAX's ops. The log says which and why.",
+    ),
     _choice(
         "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",
         "Decoder layers of one structure compiled once, as a MAX subgraph every such layer "
@@ -324,6 +333,7 @@ class AttnQuantConfig:
     qkv_fuse: bool = True
     fused_mlp: bool = True
     gated_gemv: bool | None = None
+    norm_kernel: bool | None = None
     layer_subgraphs: Literal["always", "cpu"] = "always"
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))

@@ -27,7 +27,8 @@ from attnquant.config import AttnQuantConfig
 from attnquant.plan import PartPlan
 from models.common import layer_subgraphs as ls
 from models.common.attention import layer_values
-from models.common.layer_boundary import BoundaryLayer, LayerInput, gemma_norm, hand_on_input_norms, with_next_norms
+from attnquant.graph.residual_norm import NormSpec
+from models.common.layer_boundary import BoundaryLayer, LayerInput, hand_on_input_norms, with_next_norms
 
 DENSE = PartPlan("dense", ("layers.0.mlp.down_proj",), (8,), 8)
 NVFP4 = PartPlan("nvfp4", ("layers.0.mlp.down_proj",), (8,), 8, backend="mojo-sm90", kernel_params=(("variant", 0),))
@@ -248,24 +249,27 @@ class Norm(Module[[Tensor], Tensor]):
         self.weight = Tensor.zeros([dim])
 
     def forward(self, x: Tensor) -> Tensor:
-        return gemma_norm(x, self.weight, self.eps, offset=1.0)
+        return NormSpec(self.weight, self.eps, offset=1.0)(x)
 
 
 class BoundaryToy(BoundaryLayer):
     """A decoder-layer stand-in ending with the next layer's input norm:
-    ``h + mlp(self_attn(norm(h)))``."""
+    ``h + post_norm(mlp(self_attn(norm(h))))``."""
 
     hidden_arg = 0
+    norm_offset = 1.0
 
     def __init__(self, offset: float) -> None:
         super().__init__()
         self.input_layernorm = Norm()
+        self.post_feedforward_layernorm = Norm()
         self.self_attn = Attention(offset)
         self.mlp = Mlp()
 
     def forward(self, x: LayerInput) -> LayerInput:  # type: ignore[override]
         residual, normed = x
-        return self.ending(residual + self.mlp(self.self_attn(normed)))
+        mlp_out = self.mlp(self.self_attn(normed))
+        return self.ending(mlp_out, residual, self.norm_spec(self.post_feedforward_layernorm))
 
 
 class NormedStack(Stack):
@@ -284,19 +288,23 @@ def test_layers_hand_on_the_next_layers_normed_input() -> None:
     with default_device(CPU()):
         layers = [BoundaryToy(float(i)) for i in range(3)]
         stack = NormedStack(layers)
-        hand_on_input_norms(layers, stack.norm)
+        hand_on_input_norms(layers, stack.norm, norm_kernel=False)
     share_all(layers, [renamed(DENSE, 0), renamed(DENSE, 1), renamed(THETA, 2)], ["sliding"] * 3)
     mlp = [rng.standard_normal((8, 8)).astype(np.float32) / 4 for _ in range(3)]
     norm = [rng.standard_normal(8).astype(np.float32) / 4 for _ in range(4)]
+    post = [rng.standard_normal(8).astype(np.float32) / 4 for _ in range(3)]
     weights = {f"layers.{i}.mlp.weight": mlp[i] for i in range(3)}
     weights |= {f"layers.{i}.input_layernorm.weight": norm[i] for i in range(3)} | {"norm.weight": norm[3]}
+    weights |= {f"layers.{i}.post_feedforward_layernorm.weight": post[i] for i in range(3)}
     text, run = compile_recording(stack, with_next_norms(weights, "", 3))
     calls = [line for line in text.splitlines() if "mo.call @toy_sliding_layer_0" in line]
     assert len(calls) == 2 and all(line.count("!mo.tensor<[m, 8], f32>") >= 4 for line in calls), calls
     x = rng.standard_normal((2, 8)).astype(np.float32)
     h = x.astype(np.float64)
+    def rms_norm(v: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + 1e-6) * (1 + w)
+
     for i in range(3):
-        normed = h / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + 1e-6) * (1 + norm[i])
-        h = h + (normed + i) @ mlp[i].T
+        h = h + rms_norm((rms_norm(h, norm[i]) + i) @ mlp[i].T, post[i])
     out = np.from_dlpack(run(Tensor.from_dlpack(x)))
     np.testing.assert_allclose(out, h, rtol=1e-5, atol=1e-5)

@@ -50,13 +50,17 @@
 #   "gatedkernels": first thing, on the idle card (no MAX needed; bench/ptx carried):
 #      bench/kernel_timing/gated_h200.py, the gated GEMV kernels against float64 and timed
 #      against the ungated kernel + an elementwise gelu*up;
+#   "normkernel": first thing, on the idle card: bench/checks/residual_norm_gpu.py, the
+#      residual norm kernel (attnquant.residual_rms_norm) against MAX's ops and float64, and
+#      both timed in a chain at one row;
 #   "g4tpot": Gemma 4 at the 31B geometry (G4_TPOT_LAYERS, 30: the layers its TPOT has
 #      always been timed at), ours NVFP4 + capture against ours bf16 without capture
 #      (MAX's own Gemma 4 does not compile on sm_90), and with the NVFP4 output head
 #      (the bf16 head is ~2.8 GB of the ~13 read per token), c=1; G4_TPOT_HEAD_ONLY: NVFP4
 #      with the NVFP4 head only (no bf16-head cell: 35 GiB less, room for "tuned" beside it);
 #      G4_TPOT_UNGATED: adds the NVFP4-head cell with gate|up not gated (ATTNQUANT_GATED_GEMV=0;
-#      auto gates this size), with ROUNDS for the cells measured in turn;
+#      auto gates this size), with ROUNDS for the cells measured in turn; G4_TPOT_MAX_NORM: adds
+#      the NVFP4-head cell with MAX's residual norms (ATTNQUANT_NORM_KERNEL=0);
 #   "stepprofile": where a decode step goes, kernel by kernel: PROFILE_GEOMETRY ("31b",
 #      random Gemma 4; "1b" or "4b", random Gemma 3) cut to PROFILE_LAYERS (6: five
 #      sliding layers and one full), ours NVFP4 with the NVFP4 head, one `max generate`
@@ -69,10 +73,10 @@
 # With "mtp", phases 2, 3 and 8 start once MTP is done (1B servers compiling beside
 # MTP's took 10 minutes, two alone 9; both leases that compiled the 4B servers beside
 # MTP's lost their machine before either finished); "big" alone compiles beside MTP.
-# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
+# Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "normkernel", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -172,9 +176,11 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
   ( flock "$LOCK" timeout 600 python3 "$HERE/../kernel_timing/sm90_tuned_h200.py" ${TUNED_ALSO:+--also $TUNED_ALSO} \
       > "$WORK/tuned-check.txt" 2>&1 ) &
   local head=(); [ -n "${TUNED_HEAD:-}" ] && head=("attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4${MM}=8")
+  local gated=("attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1${MM}=8"); [ -n "${TUNED_NO_GATED:-}" ] && gated=()
+  local maxnorm=(${TUNED_MAX_NORM:+attnquant-nvfp4:on+ATTNQUANT_NORM_KERNEL=0${MM}=8})
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" --rounds "${ROUNDS:-1}" \
     --concurrency 1 16 --max-batch-size 16 \
-    --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1${MM}=8" "${head[@]}" \
+    --cells "${bf16[@]}" "attnquant-nvfp4:on${MM}=8" "${gated[@]}" "${maxnorm[@]}" "${head[@]}" \
     "${FORCED_1B[@]}" \
     --memory-fraction 0.5 --port-base 8450 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/tuned/results.jsonl" > "$WORK/tuned.txt" 2>&1
@@ -184,10 +190,11 @@ tuned() {  # three or four 1B servers compiling side by side, then c=1 and c=16
 g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf16 45.2 (30 layers)
   local bf16_head=("attnquant-nvfp4:on+ARENA_GIB=35"); [ -n "${G4_TPOT_HEAD_ONLY:-}" ] && bf16_head=()
   local ungated=(${G4_TPOT_UNGATED:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_GATED_GEMV=0+ARENA_GIB=35})
+  local maxnorm=(${G4_TPOT_MAX_NORM:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_NORM_KERNEL=0+ARENA_GIB=35})
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --rounds "${ROUNDS:-1}" --concurrency 1 \
     --cells "${bf16_head[@]}" "attnquant-bf16:off+ARENA_GIB=53" \
-    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" "${ungated[@]}" \
+    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" "${ungated[@]}" "${maxnorm[@]}" \
     --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }
@@ -233,6 +240,11 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
       > "$WORK/gated-kernels.txt" 2>&1; say "gatedkernels done" ) &
     sleep 5
   fi
+  if wants normkernel; then  # first, on the idle card: the servers below wait for the lock to time
+    say "normkernel"; ( flock "$LOCK" timeout 400 python3 "$HERE/../checks/residual_norm_gpu.py" \
+      > "$WORK/norm-kernel.txt" 2>&1; say "normkernel done" ) &
+    sleep 5
+  fi
   if wants invariance || wants padding || wants tuned || wants verify; then say "checkpoints"; checkpoints; fi
   if wants big || wants big4b; then ( say "big checkpoints"; big_checkpoints; say "big checkpoints done" ) > "$WORK/big-checkpoints.txt" 2>&1 & fi
   if wants kernels; then  # on the idle card, while the servers below compile on the host
@@ -243,6 +255,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
   # Chain A's servers compile after MTP's, not beside them: on the host's 16 cores
   # a 1B server beside five others compiled in 10 minutes (two alone: 9).
   ( if wants mtp && { wants padding || wants tuned || wants invariance || wants big4b; }; then wait_for "$WORK/progress.log" "mtp done" 1500; fi
+    if wants g4tpot && [ -n "${TUNED_AFTER_G4:-}" ]; then wait_for "$WORK/progress.log" "g4tpot done" 1500; fi
     if wants padding; then
       say "padding"
       python3 "$HERE/serve_benchmark.py" --model "$WORK/g3-1b" --sessions 1 --trials "${TRIALS:-2}" \
@@ -312,7 +325,7 @@ collect() {  # at most 8 files come back
   cat "$WORK"/invariance-*.txt "$WORK/mtp.txt" "$WORK"/mtp/*-verified.jsonl > "$OUT/invariance.txt" 2>/dev/null  # with the oracle's rows
   cat "$WORK"/invariance-*/results.json "$WORK/mtp/results.json" > "$OUT/invariance-results.json" 2>/dev/null
   cat "$WORK/padding.txt" "$WORK/padding/results.jsonl" "$WORK/tuned-check.txt" "$WORK/tuned.txt" "$WORK/tuned/results.jsonl" > "$OUT/padding.txt" 2>/dev/null
-  cat "$WORK"/gated-kernels.txt "$WORK"/kernels.txt "$WORK"/kernels/* "$WORK"/profile-*.txt > "$OUT/kernels.txt" 2>/dev/null
+  cat "$WORK"/norm-kernel.txt "$WORK"/gated-kernels.txt "$WORK"/kernels.txt "$WORK"/kernels/* "$WORK"/profile-*.txt > "$OUT/kernels.txt" 2>/dev/null
   cat "$WORK/verify-gpu.txt" "$WORK/quantize.txt" > "$OUT/verify-quantize.txt" 2>/dev/null
   cat "$WORK/big-checkpoints.txt" "$WORK"/big-*.txt "$WORK"/g3-*-bench/results.jsonl "$WORK/g4-tpot.txt" \
     "$WORK/g4-tpot/results.jsonl" > "$OUT/big.txt" 2>/dev/null

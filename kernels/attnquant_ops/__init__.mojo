@@ -7,6 +7,7 @@
 #   attnquant.nvfp4_dequant_sm90  prepared layout -> bf16 W[N, K] (large-M route)
 #   attnquant.generated_linear    y = s * (x @ W0.T) + (x @ v) @ u.T, CPU + GPU
 #   attnquant.generated_mlp       down(gelu_tanh(gate(x)) * up(x)), each a theta
+#   attnquant.residual_rms_norm   norm, add to the residual, next norm; NVIDIA GPUs
 #
 # The Python side: one backend per file in attnquant/graph/nvfp4/ (and the
 # chooser in its __init__); the prepared layout is produced at load by
@@ -15,6 +16,7 @@
 import extensibility
 from extensibility import InputTensor, OutputTensor
 from max.gpu.host import DeviceContext
+from std.memory import bitcast
 
 from .generated_linear import (
     check_theta,
@@ -24,6 +26,7 @@ from .generated_linear import (
     generated_mlp_gpu,
 )
 from .nvfp4_gemv_bulk import nvfp4_gemv_sm90_dispatch
+from .residual_norm import residual_norm_gpu
 from .nvfp4_matmul import (
     nvfp4_dequant_cpu,
     nvfp4_dequant_generic_gpu,
@@ -368,4 +371,51 @@ struct GeneratedMLP:
                 up_w0.unsafe_ptr(), up_scale.unsafe_ptr(), up_u.unsafe_ptr(), up_v.unsafe_ptr(), ru,
                 down_w0.unsafe_ptr(), down_scale.unsafe_ptr(), down_u.unsafe_ptr(), down_v.unsafe_ptr(), rd,
                 m, hidden, inter, n_out, ctx,
+            )  # fmt: skip
+
+
+@extensibility.register("attnquant.residual_rms_norm")
+struct ResidualRMSNorm:
+    """residual_out = residual * scale[0] (scaled) + norm(x, gamma1); normed =
+    norm(residual_out, gamma2); norm(v, g) = v / rms(v) * (offset + g), each
+    rounded to the model dtype as MAX's Gemma norms round it (see
+    residual_norm.mojo). Rows [M, H], H a multiple of 8 up to 8192.
+
+    Parameters: scaled (multiply the residual by scale[0]; otherwise scale is
+    not read), eps1_bits, eps2_bits, offset1_bits, offset2_bits (each norm's
+    epsilon and weight offset, as the bits of a float32)."""
+
+    @staticmethod
+    def execute[
+        target: StaticString,
+        scaled: Bool = False,
+        eps1_bits: Int = 0,
+        eps2_bits: Int = 0,
+        offset1_bits: Int = 0,
+        offset2_bits: Int = 0,
+    ](
+        normed: OutputTensor[rank=2, ...],
+        residual_out: OutputTensor[dtype=normed.dtype, rank=2, ...],
+        x: InputTensor[dtype=normed.dtype, rank=2, ...],
+        residual: InputTensor[dtype=normed.dtype, rank=2, ...],
+        gamma1: InputTensor[dtype=normed.dtype, rank=1, ...],
+        gamma2: InputTensor[dtype=normed.dtype, rank=1, ...],
+        scale: InputTensor[dtype=normed.dtype, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        var m = x.dim_size(0)
+        var h = x.dim_size(1)
+        if residual.dim_size(0) != m or residual.dim_size(1) != h:
+            raise Error(t"residual_rms_norm: residual is [{residual.dim_size(0)}, {residual.dim_size(1)}], x [{m}, {h}]")
+        if gamma1.dim_size(0) != h or gamma2.dim_size(0) != h:
+            raise Error(t"residual_rms_norm: gammas have {gamma1.dim_size(0)} and {gamma2.dim_size(0)} values, rows {h}")
+        comptime if target == "cpu":
+            raise Error("residual_rms_norm runs on NVIDIA GPUs only")
+        else:
+            residual_norm_gpu[normed.dtype, scaled](
+                normed.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
+                gamma1.unsafe_ptr(), gamma2.unsafe_ptr(), scale.unsafe_ptr(), m, h,
+                bitcast[DType.float32](Int32(eps1_bits)), bitcast[DType.float32](Int32(eps2_bits)),
+                bitcast[DType.float32](Int32(offset1_bits)), bitcast[DType.float32](Int32(offset2_bits)),
+                ctx,
             )  # fmt: skip

@@ -24,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
+from max.dtype import DType
 from max.experimental.nn import Module
-from max.experimental.nn.norm import rms_norm
 from max.experimental.tensor import Tensor
+
+from attnquant.config import AttnQuantConfig
+from attnquant.graph.residual_norm import NormKernelConfig, NormSpec, add_and_norm, choose_norm_kernel
 
 from .layer_subgraphs import SharableLayer, call_forward, subgraph_inputs
 
@@ -43,17 +46,21 @@ NEXT_NORM = "next_input_norm"
 """The attribute, and the weight name within a layer, of a layer's copy of the next layer's input norm."""
 
 
-def gemma_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-    """MAX's Gemma RMS norm (``GemmaRMSNorm``, ``Gemma4RMSNorm``) with a
-    weight given as a value: scales by ``offset + weight`` before the cast."""
-    return rms_norm(x, weight, eps, weight_offset=offset, multiply_before_cast=True)
+def norm_kernel_of(pipeline_model: Any, settings: AttnQuantConfig, hidden: int, dtype: DType) -> bool:
+    """Whether a MAX pipeline model's layers (on its one device, rows of
+    ``hidden`` in ``dtype``) add and norm with attnquant's kernel
+    (``attnquant.graph.residual_norm.choose_norm_kernel``, logged)."""
+    device = pipeline_model.devices[0]
+    return choose_norm_kernel(NormKernelConfig(hidden, dtype, str(device.api), settings.norm_kernel))
 
 
-def hand_on_input_norms(layers: Sequence[Module[..., Any]], final_norm: Module[..., Any]) -> None:
+def hand_on_input_norms(layers: Sequence[Module[..., Any]], final_norm: Module[..., Any], *, norm_kernel: bool) -> None:
     """Gives each layer its ``next_input_norm``: a norm like the next
     layer's input norm (the final norm after the last layer), with a weight
     of its own that :func:`with_next_norms` names. One eps for all, or a
-    shared body would normalize every layer with the first one's."""
+    shared body would normalize every layer with the first one's.
+    ``norm_kernel``: the layers add and norm with attnquant's kernel
+    (:func:`norm_kernel_of`)."""
     norms = [layer.input_layernorm for layer in layers[1:]] + [final_norm]
     eps = {norm.eps for norm in norms}
     if len(eps) != 1:
@@ -61,6 +68,7 @@ def hand_on_input_norms(layers: Sequence[Module[..., Any]], final_norm: Module[.
     for i, (layer, norm) in enumerate(zip(layers, norms, strict=True)):
         setattr(layer, NEXT_NORM, type(norm)(int(norm.weight.shape[0]), eps=norm.eps))
         layer.last = i == len(layers) - 1
+        layer.norm_kernel = norm_kernel
 
 
 def with_next_norms(weights: Mapping[str, Any], prefix: str, num_layers: int) -> dict[str, Any]:
@@ -81,7 +89,10 @@ class BoundaryLayer(SharableLayer):
     after the ``last`` layer."""
 
     hidden_arg: ClassVar[int]
+    norm_offset: ClassVar[float]
+    """What the model's norms add to their weights (Gemma 3 1.0, Gemma 4 0.0)."""
     last: bool
+    norm_kernel: bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = args[self.hidden_arg]
@@ -105,9 +116,23 @@ class BoundaryLayer(SharableLayer):
         weights are arguments, every step): none here, a model's layer adds its own."""
         return {}
 
-    def ending(self, h: Tensor) -> LayerInput:
-        """The layer's result: ``h``, and ``h`` through the next layer's input norm."""
-        return LayerInput(h, getattr(self, NEXT_NORM)(h))
+    def norm_spec(self, norm: Module[..., Any], weight: Tensor | None = None) -> NormSpec:
+        """One of the layer's norm modules as a :class:`NormSpec` (``weight``
+        in place of its own, if given)."""
+        return NormSpec(norm.weight if weight is None else weight, norm.eps, self.norm_offset)
+
+    def add_and_norm(
+        self, x: Tensor, residual: Tensor, first: NormSpec, second: NormSpec, scale: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``residual (* scale) + first(x)``, and that through ``second``:
+        one kernel either way (``attnquant.graph.residual_norm.add_and_norm``)."""
+        return add_and_norm(x, residual, first, second, kernel=self.norm_kernel, scale=scale)
+
+    def ending(self, mlp_out: Tensor, h: Tensor, first: NormSpec, scale: Tensor | None = None) -> LayerInput:
+        """The layer's result: ``h (* scale) + first(mlp_out)``, and that
+        through the next layer's input norm."""
+        next_norm = self.norm_spec(getattr(self, NEXT_NORM))
+        return LayerInput(*self.add_and_norm(mlp_out, h, first, next_norm, scale))
 
 
 def adopt(layer: Module[..., Any], cls: type[BoundaryLayer]) -> None:

@@ -45,7 +45,7 @@ from attnquant.load.head import OutputHead
 from attnquant.max_compat import gemma3_attention_scale
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_boundary import adopt, hand_on_input_norms, with_next_norms
+from ..common.layer_boundary import adopt, hand_on_input_norms, norm_kernel_of, with_next_norms
 from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
@@ -77,6 +77,7 @@ def use_projections(
     text_config: Gemma3Config,
     head: OutputHead,
     layer_subgraphs: SubgraphChoice,
+    norm_kernel: bool,
 ) -> None:
     """Swaps every decoder layer's attention and MLP of MAX's ``Gemma3TextModel``
     for plan-built ones, each layer ending with the next one's input norm
@@ -84,7 +85,8 @@ def use_projections(
 
     ``plan`` is keyed by ``LANGUAGE_PREFIX`` names; ``text_config`` is the
     one ``text_model`` was built from; ``layer_subgraphs``: layers of one
-    structure share a subgraph or not (``choose_layer_subgraphs``). Call it in the
+    structure share a subgraph or not (``choose_layer_subgraphs``); ``norm_kernel``:
+    the layers add and norm with attnquant's kernel (``norm_kernel_of``). Call it in the
     build context (``F.lazy()``, dtype, device) that built ``text_model``.
     """
     scale = gemma3_attention_scale(text_config.query_pre_attn_scalar, text_config.head_dim)
@@ -99,7 +101,7 @@ def use_projections(
             block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
             adopt(block, Gemma3DecoderLayer)
             subgraphs.share(block, "sliding" if block.self_attn.is_sliding else "full", groups)
-        hand_on_input_norms(text_model.layers, text_model.norm)
+        hand_on_input_norms(text_model.layers, text_model.norm, norm_kernel=norm_kernel)
         use_output_head(text_model, plan[head.group])
     subgraphs.log()
 
@@ -150,6 +152,7 @@ class AttnQuantGemma3Model(Gemma3Model):
                 text_config=model_config,
                 head=output_head(model_config.tie_word_embeddings),
                 layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
+                norm_kernel=norm_kernel_of(self, model_config.attnquant, model_config.hidden_size, model_config.dtype),
             )
         return module
 
@@ -250,6 +253,9 @@ class AttnQuantGemma3MultiModalModel(Gemma3MultiModalModelV3):
                 text_config=model_config.text_config,
                 head=output_head(model_config.text_config.tie_word_embeddings),
                 layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
+                norm_kernel=norm_kernel_of(
+                    self, model_config.attnquant, model_config.text_config.hidden_size, model_config.dtype
+                ),
             )
         assert isinstance(self._batch_processor, AttnQuantGemma3MultiModalBatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

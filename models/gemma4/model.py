@@ -34,7 +34,7 @@ from attnquant.load.head import OutputHead
 from attnquant.load.pipeline import PreparedWeights
 from attnquant.plan import ProjectionPlan
 
-from ..common.layer_boundary import adopt, hand_on_input_norms, with_next_norms
+from ..common.layer_boundary import adopt, hand_on_input_norms, norm_kernel_of, with_next_norms
 from ..common.layer_subgraphs import LAYER_GROUPS, LayerSubgraphs, SubgraphChoice, layer_subgraphs_of
 from ..common.mlp import build_mlp
 from ..common.prepare import prepare_for_device, single_device_mesh, use_output_head
@@ -113,7 +113,12 @@ def describe_projections(plan: ProjectionPlan, layer_types: list[str]) -> str:
 
 
 def use_projections(
-    text_model: Gemma4TextModel, plan: ProjectionPlan, *, activation: str, layer_subgraphs: SubgraphChoice
+    text_model: Gemma4TextModel,
+    plan: ProjectionPlan,
+    *,
+    activation: str,
+    layer_subgraphs: SubgraphChoice,
+    norm_kernel: bool,
 ) -> None:
     """Swaps every decoder layer's attention and MLP for plan-built ones,
     each layer ending with the next one's input norm (``common.layer_boundary``).
@@ -121,7 +126,8 @@ def use_projections(
     ``text_model`` is MAX's ``Gemma4TextModel`` (the ModuleV3 tower, or the
     MTP target, a subclass); ``plan`` is keyed by ``LANGUAGE_PREFIX`` names;
     ``layer_subgraphs``: layers of one structure share a subgraph or not
-    (``choose_layer_subgraphs``). Call it in the same build context
+    (``choose_layer_subgraphs``); ``norm_kernel``: the layers add and norm
+    with attnquant's kernel (``norm_kernel_of``). Call it in the same build context
     (``F.lazy()``, dtype, device) that built ``text_model``.
     """
     subgraphs = LayerSubgraphs("gemma4", layer_subgraphs)
@@ -135,7 +141,7 @@ def use_projections(
             block.mlp = build_mlp(gate_up=gate_up, down=down, activation=activation)
             adopt(block, Gemma4DecoderLayer)
             subgraphs.share(block, "sliding" if block.self_attn.use_local else "full", groups)
-        hand_on_input_norms(text_model.layers, text_model.norm)
+        hand_on_input_norms(text_model.layers, text_model.norm, norm_kernel=norm_kernel)
         use_output_head(text_model, plan[f"{LANGUAGE_PREFIX}lm_head"])
     subgraphs.log()
 
@@ -183,6 +189,9 @@ class AttnQuantGemma4Model(Gemma4Model):
                 model_config.projection_plan,
                 activation=model_config.text_config.hidden_activation,
                 layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
+                norm_kernel=norm_kernel_of(
+                    self, model_config.attnquant, model_config.text_config.hidden_size, model_config.dtype
+                ),
             )
         assert isinstance(self._batch_processor, Gemma4ModuleV3BatchProcessor)
         input_types = self._batch_processor.get_language_symbolic_inputs(

@@ -50,6 +50,7 @@ from .model import (
     prepare_language_weights,
     use_projections,
 )
+from ..common.layer_boundary import norm_kernel_of
 from ..common.layer_subgraphs import layer_subgraphs_of
 from ..common.prepare import attach_settings, single_device_mesh
 from .model_config import AttnQuantGemma4Config
@@ -177,6 +178,9 @@ class AttnQuantUnifiedMTPGemma4Model(UnifiedMTPGemma4ModuleV3Model):
                 self._projection_plan,
                 activation=model_config.text_config.hidden_activation,
                 layer_subgraphs=layer_subgraphs_of(self, model_config.attnquant),
+                norm_kernel=norm_kernel_of(
+                    self, model_config.attnquant, model_config.text_config.hidden_size, model_config.dtype
+                ),
             )
         if plan_row_padding(self._projection_plan) is not RowPadding.OFF:
             pad_draft_rows(module.draft)

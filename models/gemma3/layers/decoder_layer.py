@@ -2,7 +2,8 @@
 
 MAX's ``Gemma3TransformerBlock`` with its forward taking and returning a
 ``common.layer_boundary.LayerInput``: the post-MLP norm, the residual and
-the next layer's input norm are one kernel on a GPU.
+the next layer's input norm are one kernel on a GPU, as are the
+post-attention norm, the residual and the pre-MLP norm.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Gemma3DecoderLayer(BoundaryLayer, Gemma3TransformerBlock):
     """Gemma 3 decoder layer: 4 norms, the MLP, the next input norm."""
 
     hidden_arg = 1
+    norm_offset = 1.0  # Gemma3RMSNorm scales by 1 + weight
 
     def forward(  # type: ignore[override]
         self,
@@ -34,6 +36,7 @@ class Gemma3DecoderLayer(BoundaryLayer, Gemma3TransformerBlock):
         # One device: the projections' outputs are whole, no reduction before the norms.
         residual, normed = x
         attn_out = self.self_attn(normed, kv_collection, input_row_offsets=input_row_offsets, **kwargs)
-        h = residual + self.post_attention_layernorm(attn_out)
-        mlp_out = self.mlp(self.pre_feedforward_layernorm(h))
-        return self.ending(h + self.post_feedforward_layernorm(mlp_out))
+        h, mlp_in = self.add_and_norm(
+            attn_out, residual, self.norm_spec(self.post_attention_layernorm), self.norm_spec(self.pre_feedforward_layernorm)
+        )
+        return self.ending(self.mlp(mlp_in), h, self.norm_spec(self.post_feedforward_layernorm))

@@ -19,13 +19,14 @@ from max.pipelines.architectures.gemma4_modulev3.layers.transformer_block import
     Gemma4TransformerBlock,
 )
 
-from ...common.layer_boundary import BoundaryLayer, LayerInput, gemma_norm
+from ...common.layer_boundary import BoundaryLayer, LayerInput
 
 
 class Gemma4DecoderLayer(BoundaryLayer, Gemma4TransformerBlock):
     """Gemma 4 decoder layer: 4 norms, the MLP, the layer scalar, the next input norm."""
 
     hidden_arg = 0
+    norm_offset = 0.0  # Gemma 4 checkpoints store the norms' whole scale
 
     def ending_values(self) -> dict[str, Tensor]:
         return {"post_feedforward_scaled": self.post_feedforward_layernorm.weight * self.layer_scalar}
@@ -36,8 +37,9 @@ class Gemma4DecoderLayer(BoundaryLayer, Gemma4TransformerBlock):
         # One device: the projections' outputs are whole, no reduction before the norms.
         residual, normed = x
         attn_out = self.self_attn(normed, kv_collection, input_row_offsets=input_row_offsets)
-        h = residual + self.post_attention_layernorm(attn_out)
-        mlp_out = self.mlp(self.pre_feedforward_layernorm(h))
+        h, mlp_in = self.add_and_norm(
+            attn_out, residual, self.norm_spec(self.post_attention_layernorm), self.norm_spec(self.pre_feedforward_layernorm)
+        )
         scaled = self.boundary_values()["post_feedforward_scaled"]
-        eps = self.post_feedforward_layernorm.eps
-        return self.ending(h * self.layer_scalar + gemma_norm(mlp_out, scaled, eps, offset=0.0))
+        post_mlp = self.norm_spec(self.post_feedforward_layernorm, weight=scaled)
+        return self.ending(self.mlp(mlp_in), h, post_mlp, scale=self.layer_scalar)

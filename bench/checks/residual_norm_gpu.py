@@ -6,18 +6,21 @@ twice, as the kernel and as MAX's ops, all widths in one graph each with a
 symbolic row count, and at M = 1, 3, 16 and 129 compares
 
 - each against float64 with the kernel's roundings (the first norm's output,
-  ``residual * scale`` and their sum rounded to bfloat16): relative error;
+  ``residual * scale`` and their sum rounded to bfloat16, as the graph's ops
+  round them one by one): relative error;
 - the kernel against MAX's ops: how many bfloat16 values differ, and by how
-  many steps at most.
+  many steps at most. Unscaled (Gemma 3's form) the two round alike and must
+  agree to the bit; scaled, MAX's GPU fusion does not round ``residual * scale``
+  before the sum, so values that nearly cancel differ (reported, not a failure).
 
 Then times both in a chain of 64 calls at one row and the 31B width (each
-call's normed output the next one's input; launch gaps included, no capture).
+call's normed output the next one's input; launch gaps included, no capture:
+this is mostly the host's cost of a launch, which a captured decode step does not pay).
 
 On the GPU, after staging MAX (../shared/device/README.md):
     python3 bench/checks/residual_norm_gpu.py
 Here, without a GPU: ``--compile-only`` compiles both graphs for a virtual sm_90a.
-Exits non-zero if a relative error exceeds 1e-2 or the two differ by more than
-one bfloat16 step anywhere.
+Exits non-zero if a relative error exceeds 1e-2 or, unscaled, the two differ at all.
 """
 
 from __future__ import annotations
@@ -151,10 +154,11 @@ def main() -> int:
                 line.append(f"{'kernel' if kernel else 'MAX'} rel err {err:.2e}")
             steps = torch.cat([bf16_steps(outs[True][2 * i + j], outs[False][2 * i + j]).flatten() for j in (0, 1)])
             differ = int((steps > 0).sum())
-            worst_steps = max(worst_steps, int(steps.max()))
+            if not scaled:
+                worst_steps = max(worst_steps, int(steps.max()))
             line.append(f"kernel vs MAX: {differ}/{steps.numel()} values differ, at most {int(steps.max())} steps")
             print("  ".join(line), flush=True)
-    failed = worst_err > TOLERANCE or worst_steps > 1
+    failed = worst_err > TOLERANCE or worst_steps > 0
 
     hidden = CASES[-1][0]
     x = (torch.randn(1, hidden, generator=gen)).to(torch.bfloat16)
@@ -170,7 +174,7 @@ def main() -> int:
             times.append(time.perf_counter() - t0)
         per = sorted(times)[len(times) // 2] / CHAIN * 1e6
         print(f"chain of {CHAIN} at [1, {hidden}], {'kernel' if kernel else 'MAX ops'}: {per:.2f} us a call (median of 30)")
-    print(f"RESULT {'FAIL' if failed else 'OK'}: worst rel err {worst_err:.2e}, kernel vs MAX at most {worst_steps} bfloat16 steps")
+    print(f"RESULT {'FAIL' if failed else 'OK'}: worst rel err {worst_err:.2e}, unscaled kernel vs MAX at most {worst_steps} bfloat16 steps")
     return 1 if failed else 0
 
 

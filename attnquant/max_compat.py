@@ -140,6 +140,23 @@ def child_environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def gpu_check_session(virtual_arch: str | None = None) -> tuple[Any, Device, Device]:
+    """``(session, gpu, cpu)`` for a script that checks graphs on a GPU: the
+    GPU present, or with ``virtual_arch`` (e.g. ``"sm_90a"``) a virtual NVIDIA
+    one, for compiling without a GPU (end such a process with
+    :func:`exit_after_virtual_compile`). Call it before anything else builds
+    a MAX device: the virtual device is process-wide."""
+    from max import driver
+    from max.engine import InferenceSession
+
+    if virtual_arch:
+        driver.set_virtual_device_api("cuda")
+        driver.set_virtual_device_target_arch(virtual_arch)
+        driver.set_virtual_device_count(1)
+    gpu, cpu = driver.Accelerator(), driver.CPU()
+    return InferenceSession(devices=[cpu, gpu]), gpu, cpu
+
+
 def exit_after_virtual_compile(code: int = 0) -> NoReturn:
     """End a process that compiled graphs for a virtual device, skipping
     interpreter teardown.

@@ -72,12 +72,10 @@ def main() -> int:
 
     from max import driver
 
-    if args.compile_only:
-        driver.set_virtual_device_api("cuda")
-        driver.set_virtual_device_target_arch("sm_90a")
-        driver.set_virtual_device_count(1)
+    from attnquant.max_compat import gpu_check_session
+
+    session, gpu, cpu = gpu_check_session("sm_90a" if args.compile_only else None)
     from max.dtype import DType
-    from max.engine import InferenceSession
     from max.experimental import compilation
     from max.experimental.sharding import TensorLayout
     from max.experimental.tensor import Tensor
@@ -86,8 +84,6 @@ def main() -> int:
     from attnquant.graph.residual_norm import NormSpec, add_and_norm
     from attnquant.max_compat import exit_after_virtual_compile
 
-    gpu, cpu = driver.Accelerator(), driver.CPU()
-    session = InferenceSession(devices=[cpu, gpu])
 
     def layouts(hidden: int) -> list:
         bf16 = lambda *shape: TensorLayout(DType.bfloat16, list(shape), gpu)  # noqa: E731

@@ -73,12 +73,10 @@ def main() -> int:
 
     from max import driver
 
-    if args.compile_only:
-        driver.set_virtual_device_api("cuda")
-        driver.set_virtual_device_target_arch("sm_90a")
-        driver.set_virtual_device_count(1)
+    from attnquant.max_compat import gpu_check_session
+
+    session, gpu, cpu = gpu_check_session("sm_90a" if args.compile_only else None)
     from max.dtype import DType
-    from max.engine import InferenceSession
     from max.experimental import compilation
     from max.experimental.sharding import TensorLayout
     from max.experimental.tensor import Tensor
@@ -89,8 +87,6 @@ def main() -> int:
     from attnquant.max_compat import exit_after_virtual_compile
     from kernels.sm90_layout import interleave_gate_up, padded_shape, prepare_weights
 
-    gpu, cpu = driver.Accelerator(), driver.CPU()
-    session = InferenceSession(devices=[cpu, gpu])
     backend = K.backend_named("mojo-sm90")
     for (n, k), kernel_range, choice in args.also:  # this process's table only
         SM90_TUNED[(n, k)] = dataclasses.replace(SM90_TUNED.get((n, k), SM90Tuned()), **{kernel_range: choice})

@@ -44,6 +44,23 @@ def import_ops(graph: Graph) -> None:
     _GRAPHS_WITH_OPS.add(graph)
 
 
+def custom_op_outputs(
+    name: str,
+    device_of: Tensor,
+    operands: Sequence[Tensor],
+    outputs: Sequence[tuple[Sequence[int | Dim], DType]],
+    parameters: Mapping[str, int] | None = None,
+) -> list[Tensor]:
+    """The outputs, one per ``(shape, dtype)`` in ``outputs``, of op ``name``
+    on ``device_of``'s device (``parameters``: the op's compile-time parameters)."""
+    import_ops(Graph.current)
+    device = DeviceRef.from_device(device_of.device)
+    types = [TensorType(dtype, list(shape), device) for shape, dtype in outputs]
+    return list(
+        F.custom(name, device_of.device, list(operands), types, parameters=dict(parameters) if parameters else None)
+    )
+
+
 def custom_op(
     name: str,
     device_of: Tensor,
@@ -54,11 +71,7 @@ def custom_op(
 ) -> Tensor:
     """The single output of op ``name`` on ``device_of``'s device (``parameters``:
     the op's compile-time parameters)."""
-    import_ops(Graph.current)
-    out = TensorType(dtype, list(shape), DeviceRef.from_device(device_of.device))
-    (y,) = F.custom(
-        name, device_of.device, list(operands), [out], parameters=dict(parameters) if parameters else None
-    )
+    (y,) = custom_op_outputs(name, device_of, operands, [(shape, dtype)], parameters)
     return y
 
 

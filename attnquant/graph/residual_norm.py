@@ -18,13 +18,11 @@ import struct
 from dataclasses import dataclass
 
 from max.dtype import DType
-from max.experimental import functional as F
 from max.experimental.nn.norm import rms_norm
 from max.experimental.tensor import Tensor
-from max.graph import DeviceRef, Graph, TensorType
 
 from attnquant.config import LOGGER_NAME
-from attnquant.graph.ops import import_ops
+from attnquant.graph.ops import custom_op_outputs
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -110,9 +108,6 @@ def add_and_norm(
         scaled = residual if scale is None else residual * scale
         r = scaled + first(x)
         return r, second(r)
-    import_ops(Graph.current)
-    device = DeviceRef.from_device(x.device)
-    out = TensorType(x.dtype, list(x.shape), device)
     parameters = {
         "scaled": scale is not None,
         "eps1_bits": _float_bits(first.eps),
@@ -122,5 +117,6 @@ def add_and_norm(
     }
     operands = [x, residual, first.weight, second.weight, first.weight if scale is None else scale]
     operands = [v if v.dtype == x.dtype else v.cast(x.dtype) for v in operands]  # the op takes one dtype
-    normed, r = F.custom("attnquant.residual_rms_norm", x.device, operands, [out, out], parameters=parameters)
+    out = (x.shape, x.dtype)
+    normed, r = custom_op_outputs("attnquant.residual_rms_norm", x, operands, [out, out], parameters)
     return r, normed

@@ -121,18 +121,17 @@ class BoundaryLayer(SharableLayer):
         in place of its own, if given)."""
         return NormSpec(norm.weight if weight is None else weight, norm.eps, self.norm_offset)
 
-    def add_and_norm(
-        self, x: Tensor, residual: Tensor, first: NormSpec, second: NormSpec, scale: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """``residual (* scale) + first(x)``, and that through ``second``:
-        one kernel either way (``attnquant.graph.residual_norm.add_and_norm``)."""
-        return add_and_norm(x, residual, first, second, kernel=self.norm_kernel, scale=scale)
+    def after_attention(self, attn_out: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """``residual + post_attention_layernorm(attn_out)``, and that through
+        ``pre_feedforward_layernorm`` (the MLP's input): one kernel on a GPU."""
+        first, second = self.norm_spec(self.post_attention_layernorm), self.norm_spec(self.pre_feedforward_layernorm)
+        return add_and_norm(attn_out, residual, first, second, kernel=self.norm_kernel)
 
     def ending(self, mlp_out: Tensor, h: Tensor, first: NormSpec, scale: Tensor | None = None) -> LayerInput:
         """The layer's result: ``h (* scale) + first(mlp_out)``, and that
         through the next layer's input norm."""
         next_norm = self.norm_spec(getattr(self, NEXT_NORM))
-        return LayerInput(*self.add_and_norm(mlp_out, h, first, next_norm, scale))
+        return LayerInput(*add_and_norm(mlp_out, h, first, next_norm, kernel=self.norm_kernel, scale=scale))
 
 
 def adopt(layer: Module[..., Any], cls: type[BoundaryLayer]) -> None:

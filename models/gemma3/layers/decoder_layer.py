@@ -36,7 +36,5 @@ class Gemma3DecoderLayer(BoundaryLayer, Gemma3TransformerBlock):
         # One device: the projections' outputs are whole, no reduction before the norms.
         residual, normed = x
         attn_out = self.self_attn(normed, kv_collection, input_row_offsets=input_row_offsets, **kwargs)
-        h, mlp_in = self.add_and_norm(
-            attn_out, residual, self.norm_spec(self.post_attention_layernorm), self.norm_spec(self.pre_feedforward_layernorm)
-        )
+        h, mlp_in = self.after_attention(attn_out, residual)
         return self.ending(self.mlp(mlp_in), h, self.norm_spec(self.post_feedforward_layernorm))

@@ -37,9 +37,7 @@ class Gemma4DecoderLayer(BoundaryLayer, Gemma4TransformerBlock):
         # One device: the projections' outputs are whole, no reduction before the norms.
         residual, normed = x
         attn_out = self.self_attn(normed, kv_collection, input_row_offsets=input_row_offsets)
-        h, mlp_in = self.add_and_norm(
-            attn_out, residual, self.norm_spec(self.post_attention_layernorm), self.norm_spec(self.pre_feedforward_layernorm)
-        )
+        h, mlp_in = self.after_attention(attn_out, residual)
         scaled = self.boundary_values()["post_feedforward_scaled"]
         post_mlp = self.norm_spec(self.post_feedforward_layernorm, weight=scaled)
         return self.ending(self.mlp(mlp_in), h, post_mlp, scale=self.layer_scalar)

@@ -255,6 +255,15 @@ SETTINGS: tuple[Setting, ...] = (
         "kernel wherever it can take the hidden size (a multiple of 8, at most 8192); "
         "0 = MAX's ops. The log says which and why.",
     ),
+    Setting(
+        "ATTNQUANT_PDL", "pdl", _parse_bool, _constant(False),
+        "0", _BOOL,
+        "On NVIDIA sm_90+: attnquant's GEMVs (up to 8 token rows) and residual norm kernel "
+        "launch with programmatic dependent launch, so each may start while the one before it "
+        "finishes (the launch overlaps the earlier kernel's last wave; each still waits for "
+        "its input). Off until measured end to end (docs/dev/kernels.md); the log says which "
+        "layers take it.",
+    ),
     _choice(
         "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",
         "Decoder layers of one structure compiled once, as a MAX subgraph every such layer "
@@ -334,6 +343,7 @@ class AttnQuantConfig:
     fused_mlp: bool = True
     gated_gemv: bool | None = None
     norm_kernel: bool | None = None
+    pdl: bool = False
     layer_subgraphs: Literal["always", "cpu"] = "always"
     cache: bool = True
     cache_dir: Path = dataclasses.field(default_factory=lambda: _default_cache_dir(os.environ))

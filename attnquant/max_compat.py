@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -78,6 +79,12 @@ def needs_row_split(n: int, k: int, dtype: DType, device_api: str, m_is_static: 
 def device_arch(device: Device) -> str:
     """The device's architecture name (e.g. ``"sm_90a"``); empty for the CPU."""
     return "" if device.api == "cpu" else str(device.architecture_name)
+
+
+def cuda_capability(device_api: str, device_arch: str) -> int:
+    """NVIDIA compute capability as 90 for sm_90a; 0 if not NVIDIA."""
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", device_arch)
+    return int(match.group(1)) if device_api == "cuda" and match else 0
 
 # --- MAX's pipeline internals -------------------------------------------------
 

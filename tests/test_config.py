@@ -41,6 +41,7 @@ def test_every_variable_is_read() -> None:
         "ATTNQUANT_FUSED_MLP": "0",
         "ATTNQUANT_GATED_GEMV": "on",
         "ATTNQUANT_NORM_KERNEL": "off",
+        "ATTNQUANT_PDL": "yes",
         "ATTNQUANT_LAYER_SUBGRAPHS": "CPU",
         "ATTNQUANT_CACHE": "no",
         "ATTNQUANT_CACHE_DIR": "/tmp/aq",
@@ -57,7 +58,7 @@ def test_every_variable_is_read() -> None:
         blocks=2, rank=0, precompute_outside=False, precompute=True, quant="nvfp4",
         quant_ignore=("mlp", "self_attn.o_proj"), lm_head="nvfp4", scale_search="mse", prepare_device="cpu",
         nvfp4_dispatch="gemv", sm90_variant="3:4:2", sm100_input_scale=2.5, gemm=True, row_padding=False, qkv_fuse=False, fused_mlp=False,
-        gated_gemv=True, norm_kernel=False, layer_subgraphs="cpu", cache=False,
+        gated_gemv=True, norm_kernel=False, pdl=True, layer_subgraphs="cpu", cache=False,
         cache_dir=Path("/tmp/aq"), log_level="DEBUG", demo_model_dir=Path("/tmp/demo"), ignore_unknown=True,
     )  # fmt: skip
     assert set(env) == {setting.env for setting in SETTINGS}, "every setting is exercised here"

@@ -96,7 +96,7 @@ def test_per_head_norms_are_one_launch_on_sm90(tmp_path: Path) -> None:
 
 
 _ADD_AND_NORM = """
-from attnquant.graph.residual_norm import NormSpec, add_and_norm
+from attnquant.graph.residual_norm import NormKernel, NormSpec, add_and_norm
 
 def forward(x, residual, w1, w2, s):  # Gemma 4's layer end at the 31B width
     return add_and_norm(x, residual, NormSpec(w1, 1e-6, 0.0), NormSpec(w2, 1e-6, 0.0), kernel={kernel}, scale=s)
@@ -108,14 +108,15 @@ print("COMPILED")
 
 
 @pytest.mark.max
-@pytest.mark.parametrize("kernel", [False, True])
-def test_add_and_norm_is_one_launch_on_sm90(tmp_path: Path, kernel: bool) -> None:
+@pytest.mark.parametrize("kernel", ["False", "True", "NormKernel(True, pdl=True)"])
+def test_add_and_norm_is_one_launch_on_sm90(tmp_path: Path, kernel: str) -> None:
     """A layer's "norm, add (the residual scaled), norm", for a virtual
-    sm_90a: one kernel, MAX's fused norm or attnquant's residual_rms_norm."""
-    r = compile_for_virtual_gpu("sm_90a", _ADD_AND_NORM.replace("{kernel}", str(kernel)), env={
+    sm_90a: one kernel, MAX's fused norm or attnquant's residual_rms_norm
+    (also with programmatic dependent launch)."""
+    r = compile_for_virtual_gpu("sm_90a", _ADD_AND_NORM.replace("{kernel}", kernel), env={
         "MODULAR_DEBUG": f"ir-output-dir={tmp_path}", "MODULAR_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
     assert r.returncode == 0 and "COMPILED" in r.stdout, (r.stdout + r.stderr)[-4000:]
     (mgp,) = tmp_path.glob("*.mgp.mlir")
     found = bench_module("graph_launches").step_launches(mgp.read_text())
-    expected = "custom__attnquant.residual_rms_norm" if kernel else "rms_norm_fused_residual_add"
+    expected = "custom__attnquant.residual_rms_norm" if kernel != "False" else "rms_norm_fused_residual_add"
     assert len(found) == 1 and expected in found[0], found

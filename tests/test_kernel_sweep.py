@@ -130,6 +130,15 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
         return text.index("ld.global.nc.b32") < text.index("ld.global.nc.L1::no_allocate.v4.u32")
 
     assert scale_before_weights(ptx["gh0"]) and not scale_before_weights(ptx["gv0"])
+    # Programmatic dependent launch (pdl_chain_h200.py): gd0/zd0 let the next kernel start and
+    # load nothing before griddepcontrol.wait; rd0 loads only its two gammas (weights) first;
+    # the kernels launched without PDL have neither instruction.
+    for name, loads_before in (("gd0", 0), ("zd0", 0), ("rd0", 2)):
+        text = ptx[name]
+        assert text.count("griddepcontrol.launch_dependents") == 1, name
+        before, after = text.split("griddepcontrol.wait", 1)
+        assert before.count("ld.global") == loads_before and after.count("ld.global") > 0, name
+    assert not any("griddepcontrol" in ptx[name] for name in ("gv0", "zv0", "rn0"))
     # l2_prefetch_h200.py's gap kernel: L2 prefetches, then a timed wait, and no load of its own.
     assert "cp.async.bulk.prefetch.L2.global" in ptx["pfw"] and "%globaltimer" in ptx["pfw"]
     assert "ld.global" not in ptx["pfw"]
@@ -243,6 +252,25 @@ def test_l2_prefetch_prefix_and_flow_run_on_cpu(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--layer-gaps", "1,2"],
                          capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
     assert bad.returncode != 0 and "'1,2'" in bad.stderr and "four values" in bad.stderr
+
+
+def test_pdl_chain_checks_and_times_both_modes_on_cpu(tmp_path: Path) -> None:
+    """bench/kernel_timing/pdl_chain_h200.py --dry-run: the reference norm
+    (float64 with the graph's roundings), every check and both modes' chain at
+    each M and gap run, one row per (M, gap), and RESULT OK."""
+    import json
+    import subprocess
+    import sys
+
+    from attnquant.max_compat import child_environment
+
+    script = ROOT / "bench" / "kernel_timing" / "pdl_chain_h200.py"
+    r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--rows", "1", "3"],
+                       capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0 and "RESULT OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert r.stdout.count("pdl equal to plain in every buffer: True") == 2, r.stdout[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "pdl_chain_h200.jsonl").read_text().splitlines()]
+    assert [(x["m"], x["gap_us"]) for x in rows] == [(1, 12.0), (1, 0.0), (3, 12.0), (3, 0.0)]
 
 
 def test_read_ceiling_fits_a_line_and_its_flow_runs_on_cpu(tmp_path: Path) -> None:

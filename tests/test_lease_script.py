@@ -326,3 +326,23 @@ def test_stepprofile_inlined_cell_inlines_every_layer_and_a_bad_cell_is_named(tm
     runs = [c for c in calls if "step_profile.py" in c]
     assert len(runs) == 2 and all("ATTNQUANT_LAYER_SUBGRAPHS=cpu" in c for c in runs)
     assert "unknown profile cell typo" in (tmp_path / "work" / "profile-typo.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "phase, flag, cell",
+    [
+        ("g4tpot", "G4_TPOT_PDL", "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_PDL=1+ARENA_GIB=35"),
+        ("tuned", "TUNED_PDL", "attnquant-nvfp4:on+ATTNQUANT_PDL=1+MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=8"),
+    ],
+)
+def test_pdl_flags_add_the_nvfp4_cell_with_programmatic_dependent_launch(
+    tmp_path: Path, phase: str, flag: str, cell: str
+) -> None:
+    """ATTNQUANT_PDL is off by default until measured end to end: each flag adds
+    the NVFP4 cell with it beside the default, measured in the same session."""
+    _, calls = _run_with_stubs(tmp_path, phase, **{flag: "1"})
+    bench = next(c for c in calls if "serve_benchmark.py" in c)
+    cells = bench.split("--cells ")[1].split(" --")[0].split()
+    assert cell in cells and len(cells) == len(set(cells)), cells
+    _, calls = _run_with_stubs(tmp_path / "off", phase)
+    assert "ATTNQUANT_PDL" not in next(c for c in calls if "serve_benchmark.py" in c)

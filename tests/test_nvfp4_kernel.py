@@ -200,7 +200,10 @@ def layer(n: int, k: int, arch: str = "sm_90a", forced: str = "") -> K.NVFP4Laye
         ("7:4:4", layer(64, 128), (), "cluster split-K is not offered"),
         ("9", layer(1536, 1152), (), "variant -1..8"),
         ("3:4:3", layer(1536, 1152), (), "splitk 0/1/2/4"),
-        ("7:4:1:1", layer(1536, 1152), (), "needs a bulk-ring variant"),
+        ("7:4:1:1", layer(1536, 1152), (), "needs one of the variants (-1, 0, 2, 3, 4, 5, 6, 8)"),
+        # the register kernel with programmatic dependent launch; not below sm_90 (griddepcontrol)
+        ("0:0:0:1", layer(1536, 1152), (("variant", 0), ("kw", 0), ("splitk", 0), ("pdl", True)), "=0:0:0:1"),
+        ("0:0:0:1", layer(1536, 1152, "sm_80"), (), "programmatic dependent launch needs sm_90+, device is sm_80"),
     ],
 )
 def test_sm90_variants_fall_back_with_a_reason(
@@ -209,6 +212,21 @@ def test_sm90_variants_fall_back_with_a_reason(
     config = dataclasses.replace(config, sm90_variant=forced)
     got, reason = K.MojoSM90Backend.kernel_parameters(config)
     assert got == params and why in reason, (got, reason)
+
+
+def test_pdl_setting_adds_the_parameter_where_the_device_has_it() -> None:
+    """ATTNQUANT_PDL: the layer's kernels (original, measured or forced) launch
+    with programmatic dependent launch on sm_90+, and the log reason says so;
+    below sm_90 the parameter is left out and the reason says why."""
+    config = dataclasses.replace(layer(16384, 5376), pdl=True)
+    params, reason = K.MojoSM90Backend.kernel_parameters(config)
+    assert params == (("pdl", True),) and "programmatic dependent launch (ATTNQUANT_PDL=1" in reason, reason
+    params, reason = K.MojoSM90Backend.kernel_parameters(dataclasses.replace(config, sm90_variant="4:8:1"))
+    assert params == (("variant", 4), ("kw", 8), ("splitk", 1), ("pdl", True)), params
+    params, reason = K.MojoSM90Backend.kernel_parameters(dataclasses.replace(config, device_arch="sm_86"))
+    assert params == () and "ATTNQUANT_PDL=1 not taken: needs sm_90+, device is sm_86" in reason, reason
+    params, _ = K.MojoSM90Backend.kernel_parameters(layer(16384, 5376))
+    assert params == (), "off by default"
 
 
 def test_sm90_measured_table_is_used_and_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -425,6 +443,23 @@ assert dict(params) == {"variant": 3, "kw": 2, "splitk": 1, "wide_variant": 2, "
 config = dataclasses.replace(config, kernel_params=params)
 compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
 print("COMPILED sm_90a, one kernel up to 8 rows and another above")
+
+# ATTNQUANT_PDL: the measured pair (a bulk ring, a register kernel) and, at a shape not
+# measured, the original kernels (-1: the register kernel up to 8 rows, the cp.async ring above)
+config = dataclasses.replace(config, kernel_params=(), pdl=True)
+params, _ = backend.kernel_parameters(config)
+assert dict(params) == {"variant": 3, "kw": 2, "splitk": 1, "wide_variant": 2, "wide_kw": 16, "pdl": True}, params
+config = dataclasses.replace(config, kernel_params=params)
+compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
+n = 1024
+config = K.NVFP4LayerConfig(n, k, DType.bfloat16, "cuda", "sm_90a", gemv_only=True, pdl=True)
+params, _ = backend.kernel_parameters(config)
+assert params == (("pdl", True),), params
+config = dataclasses.replace(config, kernel_params=params)
+types = [TensorLayout(DType.bfloat16, ["m", k], gpu), TensorLayout(DType.uint8, [n, k // 2], gpu),
+         TensorLayout(DType.uint8, [n, k // 16], gpu), TensorLayout(DType.float32, [1], gpu)]
+compilation.compile(forward, custom_extensions=[custom_extensions_path()], session=session)(*types)
+print("COMPILED sm_90a with programmatic dependent launch")
 """
 
 
@@ -437,7 +472,7 @@ def test_sm90_fast_variant_graph_compiles_for_virtual_sm90a() -> None:
     virtual device is process-wide)."""
     r = compile_for_virtual_gpu("sm_90a", _SM90_GRAPH)
     assert r.returncode == 0 and "COMPILED sm_90a" in r.stdout, (r.stdout + r.stderr)[-4000:]
-    assert "another above" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    assert "another above" in r.stdout and "with programmatic dependent launch" in r.stdout, (r.stdout + r.stderr)[-4000:]
 
 
 @pytest.mark.max

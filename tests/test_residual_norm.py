@@ -36,10 +36,26 @@ def test_the_choice_is_logged_once_per_config(caplog: pytest.LogCaptureFixture) 
     rn.choose_norm_kernel.cache_clear()
     config = rn.NormKernelConfig(1152, DType.bfloat16, "cpu")
     with caplog.at_level(logging.INFO):
-        assert rn.choose_norm_kernel(config) is False
-        assert rn.choose_norm_kernel(config) is False
+        assert rn.choose_norm_kernel(config) == rn.NormKernel(False)
+        assert not rn.choose_norm_kernel(config)
     lines = [r.getMessage() for r in caplog.records if "residual norms" in r.getMessage()]
     assert lines == ["attnquant: residual norms (hidden 1152, bfloat16, cpu): MAX's ops (the kernel runs on NVIDIA GPUs, this device is cpu)"]
+
+
+@pytest.mark.parametrize(
+    "arch, pdl, why",
+    [
+        ("sm_90a", True, "attnquant's kernel (auto: an NVIDIA GPU, the hidden size fits; programmatic dependent launch (ATTNQUANT_PDL=1))"),
+        ("sm_86", False, "ATTNQUANT_PDL=1 not taken: needs sm_90+, device is sm_86"),
+    ],
+)
+def test_pdl_is_taken_on_sm90_and_said_otherwise(caplog: pytest.LogCaptureFixture, arch: str, pdl: bool, why: str) -> None:
+    rn.choose_norm_kernel.cache_clear()
+    config = rn.NormKernelConfig(5376, DType.bfloat16, "cuda", None, arch, pdl=True)
+    with caplog.at_level(logging.INFO):
+        assert rn.choose_norm_kernel(config) == rn.NormKernel(True, pdl)
+    assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert rn.choose_norm_kernel(rn.NormKernelConfig(5376, DType.bfloat16, "cuda", None, arch)).pdl is False
 
 
 def test_the_setting_is_read_from_the_environment() -> None:

@@ -11,11 +11,22 @@ from max.experimental import functional as F
 from max.experimental.tensor import Tensor
 from max.graph import DeviceRef, Dim, Graph, TensorType
 
+from attnquant.max_compat import cuda_capability
 from kernels import OPS_PATH
 
 _GRAPHS_WITH_OPS: weakref.WeakSet[Graph] = weakref.WeakSet()
 _built_packages: set[Path] = set()
 """The kernel-library paths importing ``OPS_PATH`` added (its built package)."""
+
+
+PDL_MIN_CAPABILITY = 90
+"""Programmatic dependent launch (``kernels/attnquant_ops/pdl.mojo``) uses
+griddepcontrol, PTX for sm_90 and later."""
+
+
+def supports_pdl(device_api: str, device_arch: str) -> bool:
+    """Whether attnquant's ops can launch with programmatic dependent launch on this device."""
+    return cuda_capability(device_api, device_arch) >= PDL_MIN_CAPABILITY
 
 
 def custom_extensions_path() -> Path:

@@ -22,7 +22,7 @@ from max.experimental.nn.norm import rms_norm
 from max.experimental.tensor import Tensor
 
 from attnquant.config import LOGGER_NAME
-from attnquant.graph.ops import custom_op_outputs
+from attnquant.graph.ops import PDL_MIN_CAPABILITY, custom_op_outputs, supports_pdl
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -42,12 +42,30 @@ class NormKernelConfig:
         dtype: the activations' dtype.
         device_api: ``"cpu"``, ``"cuda"`` or ``"hip"`` (``max.driver.Device.api``).
         setting: ``ATTNQUANT_NORM_KERNEL`` (None: auto).
+        device_arch: e.g. ``"sm_90a"``; empty on CPU.
+        pdl: ``ATTNQUANT_PDL`` (the kernel launches with programmatic
+            dependent launch, on sm_90+).
     """
 
     hidden: int
     dtype: DType
     device_api: str
     setting: bool | None = None
+    device_arch: str = ""
+    pdl: bool = False
+
+
+@dataclass(frozen=True)
+class NormKernel:
+    """How a model's residual norms run: attnquant's kernel (true) or MAX's
+    ops (false), and whether the kernel launches with programmatic dependent
+    launch (``kernels/attnquant_ops/pdl.mojo``)."""
+
+    kernel: bool
+    pdl: bool = False
+
+    def __bool__(self) -> bool:
+        return self.kernel
 
 
 def can_use_kernel(config: NormKernelConfig) -> tuple[bool, str]:
@@ -67,14 +85,20 @@ def can_use_kernel(config: NormKernelConfig) -> tuple[bool, str]:
 
 
 @functools.lru_cache(maxsize=None)
-def choose_norm_kernel(config: NormKernelConfig) -> bool:
-    """:func:`can_use_kernel`'s answer, logged once per distinct config."""
+def choose_norm_kernel(config: NormKernelConfig) -> NormKernel:
+    """:func:`can_use_kernel`'s answer, and whether the kernel takes
+    ``ATTNQUANT_PDL``, logged once per distinct config."""
     ok, why = can_use_kernel(config)
+    pdl = ok and config.pdl and supports_pdl(config.device_api, config.device_arch)
+    if ok and config.pdl:
+        why += "; programmatic dependent launch (ATTNQUANT_PDL=1)" if pdl else (
+            f"; ATTNQUANT_PDL=1 not taken: needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch or 'unknown'}"
+        )
     logger.info(
         "attnquant: residual norms (hidden %d, %s, %s): %s (%s)",
         config.hidden, config.dtype.name, config.device_api, "attnquant's kernel" if ok else "MAX's ops", why,
     )  # fmt: skip
-    return ok
+    return NormKernel(ok, pdl)
 
 
 def _float_bits(value: float) -> int:
@@ -97,13 +121,20 @@ class NormSpec:
 
 
 def add_and_norm(
-    x: Tensor, residual: Tensor, first: NormSpec, second: NormSpec, *, kernel: bool, scale: Tensor | None = None
+    x: Tensor,
+    residual: Tensor,
+    first: NormSpec,
+    second: NormSpec,
+    *,
+    kernel: NormKernel | bool,
+    scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(r, second(r))`` where ``r = residual * scale + first(x)`` (``scale``
     a [1] value, or none); ``x`` and ``residual`` are [rows, hidden].
 
-    ``kernel``: :func:`choose_norm_kernel`'s answer. MAX's ops written this
-    way are one kernel on a GPU too (its norm, add, norm fusion)."""
+    ``kernel``: :func:`choose_norm_kernel`'s answer (a bool: the kernel or
+    not, without programmatic dependent launch). MAX's ops written this way
+    are one kernel on a GPU too (its norm, add, norm fusion)."""
     if not kernel:
         scaled = residual if scale is None else residual * scale
         r = scaled + first(x)
@@ -115,6 +146,8 @@ def add_and_norm(
         "offset1_bits": _float_bits(first.offset),
         "offset2_bits": _float_bits(second.offset),
     }
+    if isinstance(kernel, NormKernel) and kernel.pdl:
+        parameters["pdl"] = True
     operands = [x, residual, first.weight, second.weight, first.weight if scale is None else scale]
     operands = [v if v.dtype == x.dtype else v.cast(x.dtype) for v in operands]  # the op takes one dtype
     out = (x.shape, x.dtype)

@@ -86,7 +86,7 @@ def _for_device(
     gemv_only = config.nvfp4_dispatch == "gemv"
     layer = NVFP4LayerConfig(
         part.out_dim, part.in_dim, dtype, api, arch, gemv_only=gemv_only, padding=padding,
-        sm90_variant=config.sm90_variant, sm100_input_scale=config.sm100_input_scale,
+        sm90_variant=config.sm90_variant, sm100_input_scale=config.sm100_input_scale, pdl=config.pdl,
     )  # fmt: skip
     backend = choose_backend(layer)
     packed, scales = state_dict[f"{name}.weight"], state_dict[f"{name}.weight_scale"]

@@ -150,6 +150,9 @@ VARIANTS = {
     # the previous call (an upper bound for a model, whose neighbours are MAX kernels).
     "p3s1": Variant("bulk", 1, 1, 4, 2, 1, 3, pdl=True), "p3s2": Variant("bulk", 1, 1, 4, 2, 2, 3, pdl=True),
     "p4s4": Variant("bulk", 1, 1, 3, 4, 4, 4, pdl=True),
+    # gv0 with programmatic dependent launch (the op's variant 0 with pdl): waits before any load;
+    # pdl_chain_h200.py times it in a decoder layer's chain.
+    "gd0": Variant("reg", 1, 1, op_variant=0, pdl=True),
     "b5s1": Variant("bulk", 2, 2, 4, 2, 1, 5), "b5s2": Variant("bulk", 2, 2, 4, 2, 2, 5),
     "b6s1": Variant("bulk", 2, 4, 3, 2, 1, 6), "b6s2": Variant("bulk", 2, 4, 3, 2, 2, 6),
     "r7s1": Variant("reg2", 1, 1, sk=1, op_variant=7), "r7s2": Variant("reg2", 1, 1, sk=2, op_variant=7),
@@ -181,7 +184,7 @@ ASSEMBLED_FROM = {"gvr": "gv0"}
 other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
 
 ALIGNED_ONLY = {
-    "gv0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
+    "gv0": "gvg", "gd0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
     "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
 }  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
@@ -189,7 +192,7 @@ ALIGNED_ONLY = {
 launches in their place, as the op does (None: none built; the gated shapes
 are all aligned)."""
 
-GATED = {"zv0": "gv0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
+GATED = {"zv0": "gv0", "zd0": "gd0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
 """Harness kernels with the gated epilogue (gelu_tanh(gate) * up of a gate|up
 interleaved by 8 rows; n = N/2) -> the kernel they gate (same launch);
 bench/kernel_timing/gated_h200.py times them. Not part of the sweep."""
@@ -358,14 +361,15 @@ def attr_array(attrs: LaunchAttrs):
 
 def launch_ex(func_ptr: int, stream: int, grid, block, smem: int, args: list, attrs: LaunchAttrs) -> None:
     """cuLaunchKernelEx with launch attributes (driver API via ctypes: CuPy's
-    launch takes none). args: ints for pointers (u64) or numpy int64; attrs:
+    launch takes none). args: ints for pointers (u64), numpy int64 or float32; attrs:
     launch_attrs()."""
     import ctypes as c
 
     lib = launch_ex.__dict__.setdefault("lib", c.CDLL("libcuda.so.1"))
     arr = attr_array(attrs)
     cfg = _LaunchConfig(*grid, *block, smem, c.c_void_p(stream), arr, len(attrs))
-    vals = [c.c_uint64(a) if isinstance(a, int) else c.c_int64(int(a)) for a in args]
+    vals = [c.c_uint64(a) if isinstance(a, int) else c.c_float(float(a)) if isinstance(a, np.float32)
+            else c.c_int64(int(a)) for a in args]
     params = (c.c_void_p * len(vals))(*[c.cast(c.pointer(v), c.c_void_p) for v in vals])
     err = lib.cuLaunchKernelEx(c.byref(cfg), c.c_void_p(func_ptr), params, None)
     if err != 0:

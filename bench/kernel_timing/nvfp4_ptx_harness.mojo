@@ -25,6 +25,7 @@ from attnquant_ops.nvfp4_gemv_bulk import (
     nvfp4_gemv_sm90_reg_kernel,
     nvfp4_gemv_sm90_reg_splitk_kernel,
 )
+from attnquant_ops.residual_norm import _residual_norm_kernel
 
 comptime BF = Pointer[BFloat16, MutAnyOrigin]
 comptime BFI = Pointer[BFloat16, ImmutAnyOrigin]
@@ -256,6 +257,26 @@ def zb5s1(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt:
     nvfp4_gemv_sm90_bulk_kernel[2, 2, 4, 2, 1, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# Programmatic dependent launch (pdl.mojo), for bench/kernel_timing/pdl_chain_h200.py: gv0 and
+# its gated twin that let the next kernel start at once and wait on the previous one before
+# any load (the op's variant 0 with pdl=True), and the residual norm kernel
+# (attnquant.residual_rms_norm, Gemma 4's scaled form, bf16) without and with PDL.
+def gd0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, False, False, True, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def zd0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True, False, True, 0, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def rn0(o: BF, ro: BF, x: BFI, r: BFI, g1: BFI, g2: BFI, sc: BFI, cols: Int64, e1: Float32, e2: Float32, f1: Float32, f2: Float32):
+    _residual_norm_kernel[DType.bfloat16, True](o, ro, x, r, g1, g2, sc, cols, e1, e2, f1, f2)
+
+
+def rd0(o: BF, ro: BF, x: BFI, r: BFI, g1: BFI, g2: BFI, sc: BFI, cols: Int64, e1: Float32, e2: Float32, f1: Float32, f2: Float32):
+    _residual_norm_kernel[DType.bfloat16, True, True](o, ro, x, r, g1, g2, sc, cols, e1, e2, f1, f2)
+
+
 @always_inline
 def _loads_only[U: Int](y: BF, c: U8, s: U8, m: Int64, nt: Int64, kg: Int64, kw: Int64):
     """Diagnostic, not a GEMV: gv0's grid and warps and its weight loads (U
@@ -409,4 +430,16 @@ def main() raises:
         ctx.enqueue_function[ld0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[nul](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[pfw](u.unsafe_ptr(), z, u2.unsafe_ptr(), z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gd0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zd0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        var e = Float32(0)
+        var n0 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n1 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n2 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n3 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n4 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n5 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        var n6 = ctx.enqueue_create_buffer[DType.bfloat16](64)
+        ctx.enqueue_function[rn0](n0.unsafe_ptr(), n1.unsafe_ptr(), n2.unsafe_ptr(), n3.unsafe_ptr(), n4.unsafe_ptr(), n5.unsafe_ptr(), n6.unsafe_ptr(), z, e, e, e, e, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[rd0](n0.unsafe_ptr(), n1.unsafe_ptr(), n2.unsafe_ptr(), n3.unsafe_ptr(), n4.unsafe_ptr(), n5.unsafe_ptr(), n6.unsafe_ptr(), z, e, e, e, e, grid_dim=1, block_dim=32)
         ctx.enqueue_function[dq](b.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, grid_dim=1, block_dim=32)

@@ -164,8 +164,8 @@ struct NVFP4GemvSM90:
     Parameters: variant (-1 = pick from M; 0-8 force one kernel, see
     nvfp4_gemv_bulk.mojo; each graph compiles only the kernels its variant can
     launch), kw (0 = pick warps along K), splitk (variants 3-8: blocks of one
-    cluster along K, 1/2/4; 0 = pick), pdl (variants 3-6, 8: programmatic
-    dependent launch, weights fetched before waiting on the previous kernel),
+    cluster along K, 1/2/4; 0 = pick), pdl (variants 0, 2, 3-6, 8, and -1 up
+    to 8 rows: programmatic dependent launch, see pdl.mojo),
     wide_variant and wide_kw (for M > 8: a kernel measured faster there than
     the one `variant` names for M <= 8; -1 = as `variant` and `kw`), gated
     (the weight is an MLP's gate|up with rows interleaved in blocks of 8
@@ -383,7 +383,8 @@ struct ResidualRMSNorm:
 
     Parameters: scaled (multiply the residual by scale[0]; otherwise scale is
     not read), eps1_bits, eps2_bits, offset1_bits, offset2_bits (each norm's
-    epsilon and weight offset, as the bits of a float32)."""
+    epsilon and weight offset, as the bits of a float32), pdl (launch with
+    programmatic stream serialization, see pdl.mojo)."""
 
     @staticmethod
     def execute[
@@ -393,6 +394,7 @@ struct ResidualRMSNorm:
         eps2_bits: Int = 0,
         offset1_bits: Int = 0,
         offset2_bits: Int = 0,
+        pdl: Bool = False,
     ](
         normed: OutputTensor[rank=2, ...],
         residual_out: OutputTensor[dtype=normed.dtype, rank=2, ...],
@@ -412,7 +414,7 @@ struct ResidualRMSNorm:
         comptime if target == "cpu":
             raise Error("residual_rms_norm runs on NVIDIA GPUs only")
         else:
-            residual_norm_gpu[normed.dtype, scaled](
+            residual_norm_gpu[normed.dtype, scaled, pdl](
                 normed.unsafe_ptr(), residual_out.unsafe_ptr(), x.unsafe_ptr(), residual.unsafe_ptr(),
                 gamma1.unsafe_ptr(), gamma2.unsafe_ptr(), scale.unsafe_ptr(), m, h,
                 bitcast[DType.float32](Int32(eps1_bits)), bitcast[DType.float32](Int32(eps2_bits)),

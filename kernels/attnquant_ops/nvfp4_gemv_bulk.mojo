@@ -31,10 +31,10 @@ from std.utils.static_tuple import StaticTuple
 
 from max.gpu import barrier, block_idx, lane_id, thread_idx
 from max.gpu.host import DeviceContext, Dim, FuncAttribute
-from max.gpu.host.launch_attribute import LaunchAttribute, LaunchAttributeID, LaunchAttributeValue
 from max.gpu.memory import AddressSpace, external_memory
 from max.gpu.sync import syncwarp
 
+from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait
 from .nvfp4_matmul import (
     SM90_EPILOGUE_FACTOR,
     _aligned_k,
@@ -160,21 +160,6 @@ def _ld_dsmem_f32x4(local_addr: UInt32, rank: UInt32) -> SIMD[DType.float32, 4]:
     return SIMD[DType.float32, 4](r[0], r[1], r[2], r[3])
 
 
-@always_inline
-def _pdl_launch_dependents():
-    """Programmatic dependent launch: the next kernel on the stream (if it was
-    launched with programmatic stream serialization) may start now. A no-op
-    for a kernel launched without the attribute."""
-    inlined_assembly["griddepcontrol.launch_dependents;", NoneType, constraints="~{memory}", has_side_effect=True]()
-
-
-@always_inline
-def _pdl_wait():
-    """Waits until the previous kernel on the stream has completed and its
-    memory is visible (returns at once without programmatic launch)."""
-    inlined_assembly["griddepcontrol.wait;", NoneType, constraints="~{memory}", has_side_effect=True]()
-
-
 # ===----------------------------------------------------------------------=== #
 # Shared epilogue: reduce over the kw warps (and the SK cluster blocks), store
 # ===----------------------------------------------------------------------=== #
@@ -293,9 +278,9 @@ def _bulk_body[
     comptime SLOT = TN * G * (_CODE + _SCALE)
     comptime SCALE_OFF = TN * G * _CODE
     comptime if PDL:
-        _pdl_launch_dependents()
+        pdl_launch_dependents()
     # Weights and the global scale are constants: they may be read before the
-    # previous kernel has finished (PDL); x and y only after _pdl_wait.
+    # previous kernel has finished (PDL); x and y only after pdl_wait.
     var factor = global_scale.unsafe_load(0) * SM90_EPILOGUE_FACTOR
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
@@ -370,7 +355,7 @@ def _bulk_body[
                 issue[j](Int32(j))
 
     comptime if PDL:
-        _pdl_wait()
+        pdl_wait()
     # Activations: the lane's 16 bf16 of rows g (+8 per m-tile) at its k block,
     # one group ahead in registers; rows >= M read row M-1 and k past K reads
     # the last block (zero codes there), so no predicates.
@@ -615,15 +600,6 @@ def pick_bulk_split(blocks: Int, k_groups: Int, min_groups: Int) -> Tuple[Int, I
     return (max(min(kw, k_groups // sk), 1), sk)
 
 
-def _pdl_attributes[PDL: Bool]() -> List[LaunchAttribute]:
-    var attrs = List[LaunchAttribute]()
-    comptime if PDL:
-        attrs.append(
-            LaunchAttribute(LaunchAttributeID.PROGRAMMATIC_STREAM_SERIALIZATION, LaunchAttributeValue(True))
-        )
-    return attrs^
-
-
 def _launch_bulk[
     MT: Int, TN: Int, STAGES: Int, G: Int, ACC: Int, SK: Int, PDL: Bool = False, GATED: Bool = False
 ](
@@ -650,7 +626,7 @@ def _launch_bulk[
             grid_dim=(blocks_n, ceildiv(m_rows, 8 * MT)),
             block_dim=kw_ * 32,
             shared_mem_bytes=smem,
-            attributes=_pdl_attributes[PDL](),
+            attributes=pdl_attributes[PDL](),
             func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(smem)),
         )  # fmt: skip
     else:
@@ -661,7 +637,7 @@ def _launch_bulk[
             block_dim=kw_ * 32,
             cluster_dim=Dim(1, 1, SK),
             shared_mem_bytes=smem,
-            attributes=_pdl_attributes[PDL](),
+            attributes=pdl_attributes[PDL](),
             func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(smem)),
         )  # fmt: skip
 
@@ -720,9 +696,10 @@ def _launch_reg[
 #   7  register kernel MT=1, global scale hoisted, cluster split-K (M <= 8)
 #   8  bulk ring, MT=1 TN=1, 4 stages x 4 groups (12 groups = 6.9 KB in flight per warp)
 # `splitk` (variants 3-8): cluster blocks along K, 1/2/4; 0 = pick. `pdl`
-# (variants 3-6, 8): launch with programmatic stream serialization; the kernel
-# fills its weight ring before griddepcontrol.wait, so the weight fetch can
-# overlap the previous kernel when that kernel triggers early. `kw`:
+# (variants 0, 2, 3-6, 8, and -1 up to 8 rows): launch with programmatic
+# stream serialization (pdl.mojo); the kernel lets the next one start at once,
+# and its launch overlaps the previous kernel when that kernel triggers early
+# (the bulk rings also fill their weight ring before griddepcontrol.wait). `kw`:
 # warps along K per block; 0 = pick. Variants 3-8 need sm_90 (bulk copies,
 # clusters). Any M is correct: rows past 8*MT run as further grid rows.
 # `gated`: every variant's epilogue stores gelu_tanh(gate) * up of a gate|up
@@ -764,7 +741,7 @@ def nvfp4_gemv_sm90_dispatch[
         return
     comptime if variant < 0:
         if m_rows <= 8:
-            _launch_gemv[1, 1, 1, 16, 4, 1, gated](
+            _launch_gemv[1, 1, 1, 16, 4, 1, gated, pdl](
                 y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
             )  # fmt: skip
         else:
@@ -772,7 +749,7 @@ def nvfp4_gemv_sm90_dispatch[
                 y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
             )  # fmt: skip
     elif variant == 0:
-        _launch_gemv[1, 1, 1, 16, 4, 1, gated](
+        _launch_gemv[1, 1, 1, 16, 4, 1, gated, pdl](
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant == 1:
@@ -780,7 +757,7 @@ def nvfp4_gemv_sm90_dispatch[
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant == 2:
-        _launch_gemv[2, 1, 1, 16, 4, 2, gated](
+        _launch_gemv[2, 1, 1, 16, 4, 2, gated, pdl](
             y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw_override, ctx
         )  # fmt: skip
     elif variant >= 3 and variant <= 8:

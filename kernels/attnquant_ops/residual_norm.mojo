@@ -20,6 +20,10 @@
 # One block per row; threads = ceil(cols / VEC) rounded up to a warp, so
 # cols must be a multiple of VEC and at most VEC * MAX_THREADS (the Python
 # side checks both and uses MAX's ops otherwise).
+#
+# PDL (pdl.mojo): launched with programmatic stream serialization, the kernel
+# lets the next one start at once and loads the two gammas (weights) before
+# waiting on the kernel that wrote x.
 
 from std.math import ceildiv, rsqrt
 from std.memory import stack_allocation
@@ -28,6 +32,8 @@ from max.gpu import barrier, block_idx, lane_id, thread_idx
 from max.gpu.host import DeviceContext
 from max.gpu.memory import AddressSpace
 from max.gpu.primitives.warp import sum as warp_sum
+
+from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait
 
 comptime VEC = 8
 comptime MAX_THREADS = 1024
@@ -54,7 +60,7 @@ def _block_sum(value: Float32, red: Pointer[Float32, MutUntrackedOrigin, address
 
 
 def _residual_norm_kernel[
-    dt: DType, SCALED: Bool
+    dt: DType, SCALED: Bool, PDL: Bool = False
 ](
     normed: WPtr[dt],
     residual_out: WPtr[dt],
@@ -77,11 +83,16 @@ def _residual_norm_kernel[
     var rv = SIMD[dt, VEC](0)
     var g1 = SIMD[_F32, VEC](0)
     var g2 = SIMD[_F32, VEC](0)
+    comptime if PDL:
+        pdl_launch_dependents()
     if active:  # every load issued before the first reduction waits on any
-        xv = x.unsafe_load[width=VEC, alignment=16](base).cast[_F32]()
-        rv = residual.unsafe_load[width=VEC, alignment=16](base)
         g1 = gamma1.unsafe_load[width=VEC, alignment=16](col).cast[_F32]() + offset1
         g2 = gamma2.unsafe_load[width=VEC, alignment=16](col).cast[_F32]() + offset2
+    comptime if PDL:
+        pdl_wait()
+    if active:
+        xv = x.unsafe_load[width=VEC, alignment=16](base).cast[_F32]()
+        rv = residual.unsafe_load[width=VEC, alignment=16](base)
     comptime if SCALED:
         rv = rv * scale.unsafe_load(0)
     var warps = ceildiv(ceildiv(n, VEC), 32)
@@ -96,7 +107,7 @@ def _residual_norm_kernel[
 
 
 def residual_norm_gpu[
-    dt: DType, SCALED: Bool
+    dt: DType, SCALED: Bool, PDL: Bool = False
 ](
     normed: WPtr[dt],
     residual_out: WPtr[dt],
@@ -118,9 +129,10 @@ def residual_norm_gpu[
         raise Error(t"residual_rms_norm: {cols} columns; the kernel takes a multiple of {VEC} up to {VEC * MAX_THREADS}")
     if rows == 0:
         return
-    ctx.enqueue_function[_residual_norm_kernel[dt, SCALED]](
+    ctx.enqueue_function[_residual_norm_kernel[dt, SCALED, PDL]](
         normed, residual_out, x, residual, gamma1, gamma2, scale,
         Int64(cols), eps1, eps2, offset1, offset2,
         grid_dim=rows,
         block_dim=ceildiv(ceildiv(cols, VEC), 32) * 32,
+        attributes=pdl_attributes[PDL](),
     )  # fmt: skip

@@ -29,7 +29,8 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
 from attnquant.config import AttnQuantConfig
-from attnquant.graph.residual_norm import NormKernelConfig, NormSpec, add_and_norm, choose_norm_kernel
+from attnquant.max_compat import device_arch
+from attnquant.graph.residual_norm import NormKernel, NormKernelConfig, NormSpec, add_and_norm, choose_norm_kernel
 
 from .layer_subgraphs import SharableLayer, call_forward, subgraph_inputs
 
@@ -46,15 +47,19 @@ NEXT_NORM = "next_input_norm"
 """The attribute, and the weight name within a layer, of a layer's copy of the next layer's input norm."""
 
 
-def norm_kernel_of(pipeline_model: Any, settings: AttnQuantConfig, hidden: int, dtype: DType) -> bool:
+def norm_kernel_of(pipeline_model: Any, settings: AttnQuantConfig, hidden: int, dtype: DType) -> NormKernel:
     """Whether a MAX pipeline model's layers (on its one device, rows of
-    ``hidden`` in ``dtype``) add and norm with attnquant's kernel
-    (``attnquant.graph.residual_norm.choose_norm_kernel``, logged)."""
+    ``hidden`` in ``dtype``) add and norm with attnquant's kernel, and how it
+    launches (``attnquant.graph.residual_norm.choose_norm_kernel``, logged)."""
     device = pipeline_model.devices[0]
-    return choose_norm_kernel(NormKernelConfig(hidden, dtype, str(device.api), settings.norm_kernel))
+    return choose_norm_kernel(
+        NormKernelConfig(hidden, dtype, str(device.api), settings.norm_kernel, device_arch(device), settings.pdl)
+    )
 
 
-def hand_on_input_norms(layers: Sequence[Module[..., Any]], final_norm: Module[..., Any], *, norm_kernel: bool) -> None:
+def hand_on_input_norms(
+    layers: Sequence[Module[..., Any]], final_norm: Module[..., Any], *, norm_kernel: NormKernel | bool
+) -> None:
     """Gives each layer its ``next_input_norm``: a norm like the next
     layer's input norm (the final norm after the last layer), with a weight
     of its own that :func:`with_next_norms` names. One eps for all, or a
@@ -92,7 +97,7 @@ class BoundaryLayer(SharableLayer):
     norm_offset: ClassVar[float]
     """What the model's norms add to their weights (Gemma 3 1.0, Gemma 4 0.0)."""
     last: bool
-    norm_kernel: bool
+    norm_kernel: NormKernel | bool
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = args[self.hidden_arg]

@@ -39,6 +39,7 @@ from max.pipelines.architectures.gemma3multimodal_modulev3.vision_model.gemma3mu
 from max.pipelines.lib import ModelInputs, ModelOutputs
 
 from attnquant.config import LOGGER_NAME
+from attnquant.graph.residual_norm import NormKernel
 from attnquant.graph.theta import shared_blocks
 from attnquant.load import importance
 from attnquant.load.head import OutputHead
@@ -77,7 +78,7 @@ def use_projections(
     text_config: Gemma3Config,
     head: OutputHead,
     layer_subgraphs: SubgraphChoice,
-    norm_kernel: bool,
+    norm_kernel: NormKernel | bool,
 ) -> None:
     """Swaps every decoder layer's attention and MLP of MAX's ``Gemma3TextModel``
     for plan-built ones, each layer ending with the next one's input norm

@@ -28,6 +28,7 @@ from max.pipelines.architectures.gemma4_modulev3.gemma4 import Gemma4, Gemma4Tex
 from max.pipelines.architectures.gemma4_modulev3.model import Gemma4Model
 
 from attnquant.config import LOGGER_NAME
+from attnquant.graph.residual_norm import NormKernel
 from attnquant.graph.theta import shared_blocks
 from attnquant.load import importance
 from attnquant.load.head import OutputHead
@@ -118,7 +119,7 @@ def use_projections(
     *,
     activation: str,
     layer_subgraphs: SubgraphChoice,
-    norm_kernel: bool,
+    norm_kernel: NormKernel | bool,
 ) -> None:
     """Swaps every decoder layer's attention and MLP for plan-built ones,
     each layer ending with the next one's input norm (``common.layer_boundary``).

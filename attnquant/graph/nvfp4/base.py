@@ -12,7 +12,6 @@ its kernel (``prepare_weights``); in the graph it runs (``apply``).
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -26,7 +25,7 @@ from max.graph import DeviceRef, TensorType
 from attnquant.formats.nvfp4 import BLOCK_SIZE
 from attnquant.graph import matmul
 from attnquant.graph.ops import custom_op, rowwise_op
-from attnquant.max_compat import RowPadding
+from attnquant.max_compat import RowPadding, cuda_capability
 from kernels.sm90_layout import TILE_N, check_modelopt_tensors, padded_shape
 
 GEMV_MAX_M = 16
@@ -79,6 +78,8 @@ class NVFP4LayerConfig:
             (``kernels.sm90_layout.interleave_gate_up``), and the layer gives
             the hidden state ``gelu_tanh(gate) * up`` [M, n / 2]
             (:meth:`NVFP4Backend.gated_epilogue`).
+        pdl: ``ATTNQUANT_PDL`` (launch the GEMV with programmatic dependent
+            launch where the backend can).
     """
 
     n: int
@@ -94,6 +95,7 @@ class NVFP4LayerConfig:
     sm100_input_scale: float = 1.0
     kernel_params: tuple[tuple[str, int], ...] = ()
     gated: bool = False
+    pdl: bool = False
 
     @property
     def out_features(self) -> int:
@@ -103,8 +105,7 @@ class NVFP4LayerConfig:
     @property
     def cuda_capability(self) -> int:
         """NVIDIA compute capability as 90 for sm_90a; 0 if not NVIDIA."""
-        match = re.fullmatch(r"sm_(\d+)[a-z]?", self.device_arch)
-        return int(match.group(1)) if self.device_api == "cuda" and match else 0
+        return cuda_capability(self.device_api, self.device_arch)
 
 
 class NVFP4Backend:

@@ -30,6 +30,7 @@ from attnquant.graph.nvfp4.base import (
     common_refusal,
     gemv_or_dequant_matmul,
 )
+from attnquant.graph.ops import PDL_MIN_CAPABILITY, supports_pdl
 from kernels.sm90_layout import TILE_K, TILE_N, prepare_weights
 
 
@@ -81,7 +82,9 @@ kernels every served model runs). tests/test_kernel_sweep.py checks that
 ``SM90_TUNED`` is what the stored sweeps justify among these."""
 TUNED_ON = 90  # the compute capability SM90_TUNED was measured on (the H200)
 SM90_MAX_VARIANT = 8  # nvfp4_gemv_bulk.mojo: SM90_VARIANTS - 1
-_BULK_VARIANTS = (3, 4, 5, 6, 8)  # the bulk-copy rings: the ones with programmatic dependent launch
+_PDL_VARIANTS = (-1, 0, 2, 3, 4, 5, 6, 8)
+"""The op variants that launch with programmatic dependent launch when asked
+(the register kernels 0 and 2, the bulk rings; -1 up to 8 rows, where it runs 0)."""
 
 
 class MojoSM90Backend(NVFP4Backend):
@@ -116,24 +119,12 @@ class MojoSM90Backend(NVFP4Backend):
     @classmethod
     def kernel_parameters(cls, config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
         """The GEMV kernels for this layer (empty: the original kernels) and why."""
-        if config.sm90_variant:
-            return _forced_parameters(config)
-        tuned = SM90_TUNED.get((config.n, config.k))
-        if tuned is None:
-            return (), "original kernels (no variant measured faster for this shape)"
-        if config.cuda_capability != TUNED_ON:
-            return (), f"original kernels (the table was measured on sm_{TUNED_ON}, device is {config.device_arch})"
-        narrow, wide = tuned.kernels()
-        source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}; M>8: {_named(wide)})"
-        for variant, kw in (narrow, wide):
-            problem = _fast_variant_problem({"variant": variant, "kw": kw, "splitk": 1, "pdl": 0}, config)
-            if problem:
-                return (), f"{source} not taken: {problem}; original kernels"
-        splitk = 1 if max(narrow[0], wide[0]) >= 3 else 0  # 1: never the op's own (cluster) pick
-        return (
-            ("variant", narrow[0]), ("kw", narrow[1]), ("splitk", splitk),
-            ("wide_variant", wide[0]), ("wide_kw", wide[1]),
-        ), source  # fmt: skip
+        params, why = _forced_parameters(config) if config.sm90_variant else _tuned_parameters(config)
+        if not config.pdl or dict(params).get("pdl"):
+            return params, why
+        if not supports_pdl(config.device_api, config.device_arch):
+            return params, f"{why}; ATTNQUANT_PDL=1 not taken: needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch}"
+        return (*params, ("pdl", True)), f"{why}; programmatic dependent launch (ATTNQUANT_PDL=1; the register and bulk-ring kernels)"
 
     @classmethod
     def apply(cls, x: Tensor, packed: Tensor, scale_bits: Tensor, global_scale: Tensor, config: NVFP4LayerConfig) -> Tensor:
@@ -142,6 +133,26 @@ class MojoSM90Backend(NVFP4Backend):
             gemv_op="attnquant.nvfp4_gemv_sm90", dequant_op="attnquant.nvfp4_dequant_sm90",
             weight_dtype=DType.bfloat16,
         )  # fmt: skip
+
+
+def _tuned_parameters(config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
+    """The kernels ``SM90_TUNED`` names for this layer's shape (empty: the original kernels) and why."""
+    tuned = SM90_TUNED.get((config.n, config.k))
+    if tuned is None:
+        return (), "original kernels (no variant measured faster for this shape)"
+    if config.cuda_capability != TUNED_ON:
+        return (), f"original kernels (the table was measured on sm_{TUNED_ON}, device is {config.device_arch})"
+    narrow, wide = tuned.kernels()
+    source = f"the kernels measured fastest for this shape (M<=8: {_named(narrow)}; M>8: {_named(wide)})"
+    for variant, kw in (narrow, wide):
+        problem = _fast_variant_problem({"variant": variant, "kw": kw, "splitk": 1, "pdl": 0}, config)
+        if problem:
+            return (), f"{source} not taken: {problem}; original kernels"
+    splitk = 1 if max(narrow[0], wide[0]) >= 3 else 0  # 1: never the op's own (cluster) pick
+    return (
+        ("variant", narrow[0]), ("kw", narrow[1]), ("splitk", splitk),
+        ("wide_variant", wide[0]), ("wide_kw", wide[1]),
+    ), source  # fmt: skip
 
 
 def _forced_parameters(config: NVFP4LayerConfig) -> tuple[tuple[tuple[str, int], ...], str]:
@@ -175,8 +186,10 @@ def _fast_variant_problem(wanted: dict[str, int], config: NVFP4LayerConfig) -> s
             "cluster split-K is not offered: it timed slower than no split on every Gemma shape, "
             "and no GPU has run it through MAX (docs/dev/kernels.md)"
         )
-    if wanted["pdl"] and wanted["variant"] not in _BULK_VARIANTS:
-        return f"programmatic dependent launch needs a bulk-ring variant {_BULK_VARIANTS}"
+    if wanted["pdl"] and wanted["variant"] not in _PDL_VARIANTS:
+        return f"programmatic dependent launch needs one of the variants {_PDL_VARIANTS}"
+    if wanted["pdl"] and not supports_pdl(config.device_api, config.device_arch):
+        return f"programmatic dependent launch needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch}"
     if wanted["variant"] < 3:
         return None
     if config.cuda_capability < 90:

@@ -1,0 +1,260 @@
+"""A 31B decoder layer's chain of attnquant's kernels, with and without
+programmatic dependent launch (PDL), on an H100/H200 with no MAX.
+
+In a Gemma 4 31B sliding layer at decode, five of our kernels run back to
+back: o, the post-attention residual norm, gate|up (gated), down, the
+layer-ending residual norm, and then the next layer's q|k|v. Each is a few to
+fifty microseconds, and each launch costs about two of them before its first
+load. With PDL every one of them lets the next start at once
+(griddepcontrol.launch_dependents) and waits for the previous one's output
+(griddepcontrol.wait) only where it needs it: the next kernel's launch and
+block start overlap the previous kernel's last wave. This script measures
+what that saves per layer before the op turns it on.
+
+The chain, per layer, at M rows: q|k|v; a gap kernel standing in for MAX's
+kernels between q|k|v and o (the q/k/v norm, RoPE with the cache store,
+attention: --gap us, launched plainly, so o cannot start early); o; norm;
+gate|up gated; down; norm. Real data dependencies throughout (each kernel
+reads the previous one's output; the norms chain the residual), --layers
+layers of weights in turn (past L2), timed by CUDA-graph replay
+(kernels_h200.time_graph), the two modes alternating --rounds times:
+
+  plain: gv0, zv0 (gated) and rn0, launched without the attribute (the op today);
+  pdl:   gd0, zd0 and rd0, launched with programmatic stream serialization.
+
+Correctness first: gd0 against float64 (as kernels_h200.py checks gv0), gd0
+and zd0 bit for bit against gv0 and zv0, rd0 against rn0 and rn0 against a
+float64 reference with the graph's roundings, and the whole chain's outputs
+bit for bit between the modes (a missing wait would read a buffer the
+previous layer left). Any failure: RESULT FAIL and exit 1.
+
+HERE (no GPU): MOJO=.venv/bin/mojo bash bench/kernel_timing/build_ptx.sh
+ON THE DEVICE: python3 bench/kernel_timing/pdl_chain_h200.py --out $OUT (carry bench/ptx;
+~1 minute). --dry-run checks the script's flow on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernels_h200 as kh  # noqa: E402  (this folder: the loader, weights and timing)
+
+from kernels.sm90_layout import prepare_weights  # noqa: E402  (kernels_h200 put the root on sys.path)
+
+MODES = {"plain": ("gv0", "zv0", "rn0"), "pdl": ("gd0", "zd0", "rd0")}
+NEEDED = ("pfw", *MODES["plain"], *MODES["pdl"])
+HIDDEN = 5376
+EPS = 1e-6
+GAP_GRID, GAP_BLOCK = (132, 1, 1), (128, 1, 1)
+
+
+class Proj:
+    """One prepared NVFP4 weight (random codes and scales) and its global scale."""
+
+    def __init__(self, n: int, k: int, gen: torch.Generator) -> None:
+        self.packed, self.sb = kh.random_weights(n, k, gen)
+        self.codes, self.scales = prepare_weights(self.packed, self.sb)
+        self.n, self.k = n, k
+        self.gs_val = 0.0123
+        self.gs = torch.tensor([self.gs_val], dtype=torch.float32, device=gen.device)
+
+
+class Layer:
+    def __init__(self, shapes, gen: torch.Generator) -> None:
+        dev = gen.device
+        self.qkv, self.o, self.gu, self.down = (Proj(n, k, gen) for n, k in shapes)
+        self.g = [torch.randn(HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen) * 0.1 for _ in range(4)]
+        self.scale = torch.tensor([0.75], dtype=torch.bfloat16, device=dev)
+
+
+class State:
+    """The chain's activations: every buffer a kernel reads or writes."""
+
+    def __init__(self, m: int, shapes, gen: torch.Generator) -> None:
+        dev = gen.device
+        (nq, _), (_, ko), (ngu, _), _ = shapes
+
+        def z(cols: int) -> torch.Tensor:
+            return torch.zeros(m, cols, dtype=torch.bfloat16, device=dev)
+
+        self.attn = torch.randn(m, ko, dtype=torch.bfloat16, device=dev, generator=gen)
+        self.h0 = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
+        self.r0 = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
+        self.qkv, self.o, self.gu, self.down = z(nq), z(HIDDEN), z(ngu // 2), z(HIDDEN)
+        self.n1, self.r1, self.n2, self.r2 = z(HIDDEN), z(HIDDEN), z(HIDDEN), z(HIDDEN)
+
+    def reset(self) -> None:
+        self.n2.copy_(self.h0)
+        self.r2.copy_(self.r0)
+        for t in (self.qkv, self.o, self.gu, self.down, self.n1, self.r1):
+            t.zero_()
+
+    def outputs(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, k).clone() for k in ("qkv", "o", "gu", "down", "n1", "r1", "n2", "r2")}
+
+
+def norm(ks, name: str, normed, res_out, x, residual, g1, g2, scale) -> None:
+    """rn0/rd0: one block a row, 8 values a thread (residual_norm.mojo)."""
+    m, cols = x.shape
+    args = [normed.data_ptr(), res_out.data_ptr(), x.data_ptr(), residual.data_ptr(), g1.data_ptr(),
+            g2.data_ptr(), scale.data_ptr(), np.int64(cols), np.float32(EPS), np.float32(EPS),
+            np.float32(0.0), np.float32(0.0)]  # fmt: skip
+    if kh.DRY:
+        n, r = norm_reference(x, residual, g1, g2, scale)
+        normed.copy_(n.to(normed.dtype))
+        res_out.copy_(r.to(res_out.dtype))
+        return
+    fn = ks.funcs[name]
+    func_ptr = int(getattr(getattr(fn, "kernel", fn), "ptr"))
+    attrs = kh.launch_attrs(name == "rd0", 1)
+    threads = -(-(-(-cols // 8)) // 32) * 32
+    kh.launch_ex(func_ptr, torch.cuda.current_stream().cuda_stream, (m, 1, 1), (threads, 1, 1), 0, args, attrs)
+
+
+def norm_reference(x, residual, g1, g2, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 with the graph's bf16 roundings (the first norm's output, residual * s, the sum)."""
+    bf = torch.bfloat16
+    xd = x.double()
+    n1 = (xd * torch.rsqrt((xd * xd).mean(-1, keepdim=True) + EPS) * g1.double()).to(bf)
+    r = ((residual.double() * scale.double()).to(bf).double() + n1.double()).to(bf)
+    rd = r.double()
+    return rd * torch.rsqrt((rd * rd).mean(-1, keepdim=True) + EPS) * g2.double(), r.double()
+
+
+def gap(ks, wait_us: float) -> None:
+    if wait_us > 0:
+        ks.raw("pfw", GAP_GRID, GAP_BLOCK, (0, 0, 0, 0, int(wait_us * 1e3), 32 * 1024))
+
+
+def run_layer(ks, mode: str, layer: Layer, st: State, m: int, wait_us: float) -> None:
+    gv, zv, rn = MODES[mode]
+    ks.gemv(gv, st.qkv, st.n2, layer.qkv.codes, layer.qkv.scales, layer.qkv.gs, m, layer.qkv.n, layer.qkv.k)
+    gap(ks, wait_us)
+    ks.gemv(gv, st.o, st.attn, layer.o.codes, layer.o.scales, layer.o.gs, m, layer.o.n, layer.o.k)
+    norm(ks, rn, st.n1, st.r1, st.o, st.r2, layer.g[0], layer.g[1], layer.scale)
+    ks.gemv(zv, st.gu, st.n1, layer.gu.codes, layer.gu.scales, layer.gu.gs, m, layer.gu.n // 2, layer.gu.k)
+    ks.gemv(gv, st.down, st.gu, layer.down.codes, layer.down.scales, layer.down.gs, m, layer.down.n, layer.down.k)
+    norm(ks, rn, st.n2, st.r2, st.down, st.r1, layer.g[2], layer.g[3], layer.scale)
+
+
+def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log) -> list[str]:
+    """Every way the PDL kernels could be wrong that this card can show; the failures."""
+    bad: list[str] = []
+    dev = gen.device
+    for p in (layers[0].qkv, layers[0].o, layers[0].down):
+        x = torch.randn(m, p.k, dtype=torch.bfloat16, device=dev, generator=gen)
+        ys = {}
+        for name in ("gv0", "gd0"):
+            ys[name] = torch.full((m, p.n), float("nan"), dtype=torch.bfloat16, device=dev)
+            ks.gemv(name, ys[name], x, p.codes, p.scales, p.gs, m, p.n, p.k)
+        kh.sync()
+        err = kh.rel_err(ys["gd0"], x.double() @ kh.dequant_ref(p.packed, p.sb, p.gs_val).T)
+        same = torch.equal(ys["gv0"], ys["gd0"])
+        log(f"gd0 [{p.n},{p.k}] M={m}: rel err {err:.2e} against float64, equal to gv0: {same}")
+        if not (err < 1e-2 and same):
+            bad.append(f"gd0 [{p.n},{p.k}]")
+    p = layers[0].gu
+    x = torch.randn(m, p.k, dtype=torch.bfloat16, device=dev, generator=gen)
+    ys = {name: torch.full((m, p.n // 2), float("nan"), dtype=torch.bfloat16, device=dev) for name in ("zv0", "zd0")}
+    for name, y in ys.items():
+        ks.gemv(name, y, x, p.codes, p.scales, p.gs, m, p.n // 2, p.k)
+    kh.sync()
+    same = torch.equal(ys["zv0"], ys["zd0"]) and bool(torch.isfinite(ys["zd0"]).all())
+    log(f"zd0 [{p.n},{p.k}] M={m}: equal to zv0: {same}")
+    if not same:
+        bad.append("zd0")
+    lay = layers[0]
+    x = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
+    res = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
+    outs = {}
+    for name in ("rn0", "rd0"):
+        outs[name] = [torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
+        norm(ks, name, *outs[name], x, res, lay.g[0], lay.g[1], lay.scale)
+    kh.sync()
+    ref_n, ref_r = norm_reference(x, res, lay.g[0], lay.g[1], lay.scale)
+    err = max(kh.rel_err(outs["rn0"][0], ref_n), kh.rel_err(outs["rn0"][1], ref_r))
+    same = all(torch.equal(a, b) for a, b in zip(outs["rn0"], outs["rd0"]))
+    log(f"rn0 [{m},{HIDDEN}]: rel err {err:.2e} against float64 with the graph's roundings; rd0 equal to rn0: {same}")
+    if not (err < 4e-3 and same):
+        bad.append("rn0/rd0")
+    results = {}
+    for mode in MODES:
+        st.reset()
+        for layer in layers:
+            run_layer(ks, mode, layer, st, m, 5.0)
+        kh.sync()
+        results[mode] = st.outputs()
+    differ = [k for k in results["plain"] if not torch.equal(results["plain"][k], results["pdl"][k])]
+    finite = all(bool(torch.isfinite(t).all()) for t in results["pdl"].values())
+    log(f"chain of {len(layers)} layers, M={m}: pdl equal to plain in every buffer: {not differ} "
+        f"{'(differ: ' + ', '.join(differ) + ')' if differ else ''}; finite: {finite}")
+    if differ or not finite:
+        bad.append("chain")
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1], help="M (token rows) to time")
+    ap.add_argument("--gaps", type=float, nargs="+", default=[12.0, 0.0],
+                    help="us of the stand-in for MAX's kernels between q|k|v and o (0: none)")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args()
+    kh.DRY = args.dry_run
+    dev = torch.device("cpu" if kh.DRY else "cuda")
+    shapes = kh.SHAPES_31B
+    if kh.DRY:
+        shapes = [(64, 128), (128, 64), (256, 128), (128, 128)]
+        globals()["HIDDEN"] = 128
+        args.layers, args.rounds = 2, 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = (args.out / "pdl_chain_h200.jsonl").open("w")
+    log = functools.partial(print, flush=True)
+
+    ks = kh.FakeKernels() if kh.DRY else kh.Kernels()
+    missing = [n for n in NEEDED if n not in ks.funcs and not kh.DRY]
+    if missing:
+        raise SystemExit(f"bench/ptx/ lacks {missing}: run bench/kernel_timing/build_ptx.sh first")
+    if not kh.DRY:
+        p = torch.cuda.get_device_properties(0)
+        log(f"device: {p.name}, {p.multi_processor_count} SMs")
+        copy_tbs, _ = kh.bandwidth()
+        log(f"copy bandwidth {copy_tbs:.2f} TB/s")
+    gen = torch.Generator(device=dev).manual_seed(int(time.time()))
+    layers = [Layer(shapes, gen) for _ in range(args.layers)]
+    layer_bytes = sum(p.codes.numel() + p.scales.numel() for p in (layers[0].qkv, layers[0].o, layers[0].gu, layers[0].down))
+    bad: list[str] = []
+    for m in args.rows:
+        st = State(m, shapes, gen)
+        bad += checks(ks, layers, st, m, gen, log)
+        for wait_us in args.gaps:
+            times: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for _ in range(args.rounds):
+                for mode in MODES:
+                    fn = lambda: [run_layer(ks, mode, layer, st, m, wait_us) for layer in layers]  # noqa: E731
+                    times[mode].append(float(np.median(kh.time_graph(fn))) * 1e3 / len(layers))
+            plain, pdl = (float(np.median(times[mode])) for mode in MODES)
+            row = dict(m=m, gap_us=wait_us, layers=len(layers), plain_us=times["plain"], pdl_us=times["pdl"],
+                       saved_us=plain - pdl, layer_mb=layer_bytes / 1e6)
+            out.write(json.dumps(row) + "\n")
+            log(f"M={m} gap {wait_us:4.1f} us: a layer {plain:7.2f} us plain, {pdl:7.2f} us with PDL "
+                f"(saved {plain - pdl:+.2f} us; rounds plain {['%.2f' % t for t in times['plain']]}, "
+                f"pdl {['%.2f' % t for t in times['pdl']]}); weights {layer_bytes / 1e6:.0f} MB a layer")
+    log(f"RESULT {'FAIL: ' + ', '.join(bad) if bad else 'OK'}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

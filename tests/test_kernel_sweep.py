@@ -265,12 +265,13 @@ def test_pdl_chain_checks_and_times_both_modes_on_cpu(tmp_path: Path) -> None:
     from attnquant.max_compat import child_environment
 
     script = ROOT / "bench" / "kernel_timing" / "pdl_chain_h200.py"
-    r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--rows", "1", "3"],
+    r = subprocess.run([sys.executable, str(script), "--dry-run", "--out", str(tmp_path), "--rows", "1", "3", "--geometry", "4b"],
                        capture_output=True, text=True, timeout=300, env=child_environment(), cwd=ROOT)  # fmt: skip
     assert r.returncode == 0 and "RESULT OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.count("pdl equal to plain in every buffer: True") == 2, r.stdout[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "pdl_chain_h200.jsonl").read_text().splitlines()]
-    assert [(x["m"], x["gap_us"]) for x in rows] == [(1, 12.0), (1, 0.0), (3, 12.0), (3, 0.0)]
+    assert [(x["geometry"], x["m"], x["gap_us"]) for x in rows] == [
+        ("4b", 1, 12.0), ("4b", 1, 0.0), ("4b", 3, 12.0), ("4b", 3, 0.0)]
 
 
 def test_read_ceiling_fits_a_line_and_its_flow_runs_on_cpu(tmp_path: Path) -> None:

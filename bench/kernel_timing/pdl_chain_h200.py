@@ -11,12 +11,16 @@ load. With PDL every one of them lets the next start at once
 block start overlap the previous kernel's last wave. This script measures
 what that saves per layer before the op turns it on.
 
+--geometry 1b and 4b time Gemma 3's layer shapes the same way (gate|up gated, as
+ATTNQUANT_GATED_GEMV=1 runs it; the norm in its scaled form with the scale 1, which
+costs what Gemma 3's unscaled form does), where each launch is a larger share.
+
 The chain, per layer, at M rows: q|k|v; a gap kernel standing in for MAX's
 kernels between q|k|v and o (the q/k/v norm, RoPE with the cache store,
 attention: --gap us, launched plainly, so o cannot start early); o; norm;
 gate|up gated; down; norm. Real data dependencies throughout (each kernel
-reads the previous one's output; the norms chain the residual), --layers
-layers of weights in turn (past L2), timed by CUDA-graph replay
+reads the previous one's output; the norms chain the residual), enough layers
+of weights in turn to pass L2 three times (at least --layers), timed by CUDA-graph replay
 (kernels_h200.time_graph), the two modes alternating --rounds times:
 
   plain: gv0, zv0 (gated) and rn0, launched without the attribute (the op today);
@@ -52,7 +56,8 @@ from kernels.sm90_layout import prepare_weights  # noqa: E402  (kernels_h200 put
 
 MODES = {"plain": ("gv0", "zv0", "rn0"), "pdl": ("gd0", "zd0", "rd0")}
 NEEDED = ("pfw", *MODES["plain"], *MODES["pdl"])
-HIDDEN = 5376
+GEOMETRIES = {"31b": kh.SHAPES_31B, "1b": kh.SHAPES_1B, "4b": kh.SHAPES_4B}
+"""Each geometry's q|k|v, o, gate|up and down [N, K]; o's N is the hidden size."""
 EPS = 1e-6
 GAP_GRID, GAP_BLOCK = (132, 1, 1), (128, 1, 1)
 
@@ -69,11 +74,16 @@ class Proj:
 
 
 class Layer:
-    def __init__(self, shapes, gen: torch.Generator) -> None:
+    def __init__(self, shapes, gen: torch.Generator, scale: float) -> None:
         dev = gen.device
         self.qkv, self.o, self.gu, self.down = (Proj(n, k, gen) for n, k in shapes)
-        self.g = [torch.randn(HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen) * 0.1 for _ in range(4)]
-        self.scale = torch.tensor([0.75], dtype=torch.bfloat16, device=dev)
+        self.hidden = self.o.n
+        self.g = [torch.randn(self.hidden, dtype=torch.bfloat16, device=dev, generator=gen) * 0.1 for _ in range(4)]
+        self.scale = torch.tensor([scale], dtype=torch.bfloat16, device=dev)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.codes.numel() + p.scales.numel() for p in (self.qkv, self.o, self.gu, self.down))
 
 
 class State:
@@ -81,16 +91,16 @@ class State:
 
     def __init__(self, m: int, shapes, gen: torch.Generator) -> None:
         dev = gen.device
-        (nq, _), (_, ko), (ngu, _), _ = shapes
+        (nq, _), (hidden, ko), (ngu, _), _ = shapes
 
         def z(cols: int) -> torch.Tensor:
             return torch.zeros(m, cols, dtype=torch.bfloat16, device=dev)
 
         self.attn = torch.randn(m, ko, dtype=torch.bfloat16, device=dev, generator=gen)
-        self.h0 = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
-        self.r0 = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
-        self.qkv, self.o, self.gu, self.down = z(nq), z(HIDDEN), z(ngu // 2), z(HIDDEN)
-        self.n1, self.r1, self.n2, self.r2 = z(HIDDEN), z(HIDDEN), z(HIDDEN), z(HIDDEN)
+        self.h0 = torch.randn(m, hidden, dtype=torch.bfloat16, device=dev, generator=gen)
+        self.r0 = torch.randn(m, hidden, dtype=torch.bfloat16, device=dev, generator=gen)
+        self.qkv, self.o, self.gu, self.down = z(nq), z(hidden), z(ngu // 2), z(hidden)
+        self.n1, self.r1, self.n2, self.r2 = z(hidden), z(hidden), z(hidden), z(hidden)
 
     def reset(self) -> None:
         self.n2.copy_(self.h0)
@@ -173,17 +183,17 @@ def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log
     if not same:
         bad.append("zd0")
     lay = layers[0]
-    x = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
-    res = torch.randn(m, HIDDEN, dtype=torch.bfloat16, device=dev, generator=gen)
+    x = torch.randn(m, lay.hidden, dtype=torch.bfloat16, device=dev, generator=gen)
+    res = torch.randn(m, lay.hidden, dtype=torch.bfloat16, device=dev, generator=gen)
     outs = {}
     for name in ("rn0", "rd0"):
-        outs[name] = [torch.full((m, HIDDEN), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
+        outs[name] = [torch.full((m, lay.hidden), float("nan"), dtype=torch.bfloat16, device=dev) for _ in range(2)]
         norm(ks, name, *outs[name], x, res, lay.g[0], lay.g[1], lay.scale)
     kh.sync()
     ref_n, ref_r = norm_reference(x, res, lay.g[0], lay.g[1], lay.scale)
     err = max(kh.rel_err(outs["rn0"][0], ref_n), kh.rel_err(outs["rn0"][1], ref_r))
     same = all(torch.equal(a, b) for a, b in zip(outs["rn0"], outs["rd0"]))
-    log(f"rn0 [{m},{HIDDEN}]: rel err {err:.2e} against float64 with the graph's roundings; rd0 equal to rn0: {same}")
+    log(f"rn0 [{m},{lay.hidden}]: rel err {err:.2e} against float64 with the graph's roundings; rd0 equal to rn0: {same}")
     if not (err < 4e-3 and same):
         bad.append("rn0/rd0")
     results = {}
@@ -208,16 +218,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1], help="M (token rows) to time")
     ap.add_argument("--gaps", type=float, nargs="+", default=[12.0, 0.0],
                     help="us of the stand-in for MAX's kernels between q|k|v and o (0: none)")
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--geometry", choices=sorted(GEOMETRIES), default="31b",
+                    help="31b: Gemma 4's sliding layer (the norm scaled); 1b, 4b: Gemma 3's (scale 1)")
+    ap.add_argument("--layers", type=int, default=3, help="at least this many layers of weights in turn")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     kh.DRY = args.dry_run
     dev = torch.device("cpu" if kh.DRY else "cuda")
-    shapes = kh.SHAPES_31B
+    shapes = GEOMETRIES[args.geometry]
     if kh.DRY:
         shapes = [(64, 128), (128, 64), (256, 128), (128, 128)]
-        globals()["HIDDEN"] = 128
         args.layers, args.rounds = 2, 1
     args.out.mkdir(parents=True, exist_ok=True)
     out = (args.out / "pdl_chain_h200.jsonl").open("w")
@@ -233,8 +244,12 @@ def main() -> None:
         copy_tbs, _ = kh.bandwidth()
         log(f"copy bandwidth {copy_tbs:.2f} TB/s")
     gen = torch.Generator(device=dev).manual_seed(int(time.time()))
-    layers = [Layer(shapes, gen) for _ in range(args.layers)]
-    layer_bytes = sum(p.codes.numel() + p.scales.numel() for p in (layers[0].qkv, layers[0].o, layers[0].gu, layers[0].down))
+    scale = 0.75 if args.geometry == "31b" else 1.0
+    layers = [Layer(shapes, gen, scale)]
+    layer_bytes = layers[0].nbytes
+    count = args.layers if kh.DRY else max(args.layers, -(-3 * kh.L2_BYTES // layer_bytes))
+    layers += [Layer(shapes, gen, scale) for _ in range(count - 1)]
+    log(f"{args.geometry} layer: {layer_bytes / 1e6:.1f} MB of weights, {count} layers in turn")
     bad: list[str] = []
     for m in args.rows:
         st = State(m, shapes, gen)
@@ -246,7 +261,7 @@ def main() -> None:
                     fn = lambda: [run_layer(ks, mode, layer, st, m, wait_us) for layer in layers]  # noqa: E731
                     times[mode].append(float(np.median(kh.time_graph(fn))) * 1e3 / len(layers))
             plain, pdl = (float(np.median(times[mode])) for mode in MODES)
-            row = dict(m=m, gap_us=wait_us, layers=len(layers), plain_us=times["plain"], pdl_us=times["pdl"],
+            row = dict(geometry=args.geometry, m=m, gap_us=wait_us, layers=len(layers), plain_us=times["plain"], pdl_us=times["pdl"],
                        saved_us=plain - pdl, layer_mb=layer_bytes / 1e6)
             out.write(json.dumps(row) + "\n")
             log(f"M={m} gap {wait_us:4.1f} us: a layer {plain:7.2f} us plain, {pdl:7.2f} us with PDL "

@@ -48,6 +48,8 @@ Variant names (bench/kernel_timing/nvfp4_ptx_harness.mojo; op `variant` in brack
   (launched as a cluster of SK blocks); gvg, gwg, r7gK: the guarded twins of gv0, g4, r7sK (K % 64 != 0).
   p3s1, p3s2, p4s4: b3/b4 with programmatic dependent launch (weights fetched before
   griddepcontrol.wait); timed in a chain of identical GEMVs, so an upper bound for a model.
+  gd0 (zd0 gated): gv0 with programmatic dependent launch (waits before any load), checked
+  here; pdl_chain_h200.py times it along a decoder layer.
 """
 
 from __future__ import annotations

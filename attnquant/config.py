@@ -258,7 +258,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "ATTNQUANT_PDL", "pdl", _parse_bool, _constant(False),
         "0", _BOOL,
-        "On NVIDIA sm_90+: attnquant's GEMVs (up to 8 token rows) and residual norm kernel "
+        "On NVIDIA sm_90+: attnquant's GEMVs (the register and bulk-ring kernels, which run "
+        "every step of up to 8 token rows) and residual norm kernel "
         "launch with programmatic dependent launch, so each may start while the one before it "
         "finishes (the launch overlaps the earlier kernel's last wave; each still waits for "
         "its input). Off until measured end to end (docs/dev/kernels.md); the log says which "

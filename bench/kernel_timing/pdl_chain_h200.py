@@ -23,13 +23,15 @@ reads the previous one's output; the norms chain the residual), enough layers
 of weights in turn to pass L2 three times (at least --layers), timed by CUDA-graph replay
 (kernels_h200.time_graph), the two modes alternating --rounds times:
 
-  plain: gv0, zv0 (gated) and rn0, launched without the attribute (the op today);
-  pdl:   gd0, zd0 and rd0, launched with programmatic stream serialization.
+  plain: gv0, zv0 (gated) and rn0, launched without the attribute (the op's default);
+  pdl:   gd0, zd0 and rd0, launched with programmatic stream serialization (ATTNQUANT_PDL=1);
+  early: ge0, ze0 and rd0: the GEMVs issue their first batch of weight loads before
+         waiting (66 registers against 57: fewer warps an SM; not the op's form).
 
-Correctness first: gd0 against float64 (as kernels_h200.py checks gv0), gd0
-and zd0 bit for bit against gv0 and zv0, rd0 against rn0 and rn0 against a
-float64 reference with the graph's roundings, and the whole chain's outputs
-bit for bit between the modes (a missing wait would read a buffer the
+Correctness first: gd0 and ge0 against float64 (as kernels_h200.py checks
+gv0) and bit for bit against gv0, zd0 and ze0 against zv0, rd0 against rn0
+and rn0 against a float64 reference with the graph's roundings, and the whole
+chain's outputs bit for bit between the modes (a missing wait would read a buffer the
 previous layer left). Any failure: RESULT FAIL and exit 1.
 
 HERE (no GPU): MOJO=.venv/bin/mojo bash bench/kernel_timing/build_ptx.sh
@@ -54,8 +56,8 @@ import kernels_h200 as kh  # noqa: E402  (this folder: the loader, weights and t
 
 from kernels.sm90_layout import prepare_weights  # noqa: E402  (kernels_h200 put the root on sys.path)
 
-MODES = {"plain": ("gv0", "zv0", "rn0"), "pdl": ("gd0", "zd0", "rd0")}
-NEEDED = ("pfw", *MODES["plain"], *MODES["pdl"])
+MODES = {"plain": ("gv0", "zv0", "rn0"), "pdl": ("gd0", "zd0", "rd0"), "early": ("ge0", "ze0", "rd0")}
+NEEDED = ("pfw", *{name for kernels in MODES.values() for name in kernels})
 GEOMETRIES = {"31b": kh.SHAPES_31B, "1b": kh.SHAPES_1B, "4b": kh.SHAPES_4B}
 """Each geometry's q|k|v, o, gate|up and down [N, K]; o's N is the hidden size."""
 EPS = 1e-6
@@ -163,25 +165,29 @@ def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log
     for p in (layers[0].qkv, layers[0].o, layers[0].down):
         x = torch.randn(m, p.k, dtype=torch.bfloat16, device=dev, generator=gen)
         ys = {}
-        for name in ("gv0", "gd0"):
+        for name in ("gv0", "gd0", "ge0"):
             ys[name] = torch.full((m, p.n), float("nan"), dtype=torch.bfloat16, device=dev)
             ks.gemv(name, ys[name], x, p.codes, p.scales, p.gs, m, p.n, p.k)
         kh.sync()
-        err = kh.rel_err(ys["gd0"], x.double() @ kh.dequant_ref(p.packed, p.sb, p.gs_val).T)
-        same = torch.equal(ys["gv0"], ys["gd0"])
-        log(f"gd0 [{p.n},{p.k}] M={m}: rel err {err:.2e} against float64, equal to gv0: {same}")
-        if not (err < 1e-2 and same):
-            bad.append(f"gd0 [{p.n},{p.k}]")
+        ref = x.double() @ kh.dequant_ref(p.packed, p.sb, p.gs_val).T
+        for name in ("gd0", "ge0"):
+            err = kh.rel_err(ys[name], ref)
+            same = torch.equal(ys["gv0"], ys[name])
+            log(f"{name} [{p.n},{p.k}] M={m}: rel err {err:.2e} against float64, equal to gv0: {same}")
+            if not (err < 1e-2 and same):
+                bad.append(f"{name} [{p.n},{p.k}]")
     p = layers[0].gu
     x = torch.randn(m, p.k, dtype=torch.bfloat16, device=dev, generator=gen)
-    ys = {name: torch.full((m, p.n // 2), float("nan"), dtype=torch.bfloat16, device=dev) for name in ("zv0", "zd0")}
+    gated = ("zv0", "zd0", "ze0")
+    ys = {name: torch.full((m, p.n // 2), float("nan"), dtype=torch.bfloat16, device=dev) for name in gated}
     for name, y in ys.items():
         ks.gemv(name, y, x, p.codes, p.scales, p.gs, m, p.n // 2, p.k)
     kh.sync()
-    same = torch.equal(ys["zv0"], ys["zd0"]) and bool(torch.isfinite(ys["zd0"]).all())
-    log(f"zd0 [{p.n},{p.k}] M={m}: equal to zv0: {same}")
-    if not same:
-        bad.append("zd0")
+    for name in gated[1:]:
+        same = torch.equal(ys["zv0"], ys[name]) and bool(torch.isfinite(ys[name]).all())
+        log(f"{name} [{p.n},{p.k}] M={m}: equal to zv0: {same}")
+        if not same:
+            bad.append(name)
     lay = layers[0]
     x = torch.randn(m, lay.hidden, dtype=torch.bfloat16, device=dev, generator=gen)
     res = torch.randn(m, lay.hidden, dtype=torch.bfloat16, device=dev, generator=gen)
@@ -203,12 +209,13 @@ def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log
             run_layer(ks, mode, layer, st, m, 5.0)
         kh.sync()
         results[mode] = st.outputs()
-    differ = [k for k in results["plain"] if not torch.equal(results["plain"][k], results["pdl"][k])]
-    finite = all(bool(torch.isfinite(t).all()) for t in results["pdl"].values())
-    log(f"chain of {len(layers)} layers, M={m}: pdl equal to plain in every buffer: {not differ} "
-        f"{'(differ: ' + ', '.join(differ) + ')' if differ else ''}; finite: {finite}")
-    if differ or not finite:
-        bad.append("chain")
+    for mode in list(MODES)[1:]:
+        differ = [k for k in results["plain"] if not torch.equal(results["plain"][k], results[mode][k])]
+        finite = all(bool(torch.isfinite(t).all()) for t in results[mode].values())
+        log(f"chain of {len(layers)} layers, M={m}: {mode} equal to plain in every buffer: {not differ} "
+            f"{'(differ: ' + ', '.join(differ) + ')' if differ else ''}; finite: {finite}")
+        if differ or not finite:
+            bad.append(f"chain ({mode})")
     return bad
 
 
@@ -260,13 +267,14 @@ def main() -> None:
                 for mode in MODES:
                     fn = lambda: [run_layer(ks, mode, layer, st, m, wait_us) for layer in layers]  # noqa: E731
                     times[mode].append(float(np.median(kh.time_graph(fn))) * 1e3 / len(layers))
-            plain, pdl = (float(np.median(times[mode])) for mode in MODES)
-            row = dict(geometry=args.geometry, m=m, gap_us=wait_us, layers=len(layers), plain_us=times["plain"], pdl_us=times["pdl"],
-                       saved_us=plain - pdl, layer_mb=layer_bytes / 1e6)
+            median = {mode: float(np.median(t)) for mode, t in times.items()}
+            row = dict(geometry=args.geometry, m=m, gap_us=wait_us, layers=len(layers), layer_mb=layer_bytes / 1e6,
+                       **{f"{mode}_us": t for mode, t in times.items()})
             out.write(json.dumps(row) + "\n")
-            log(f"M={m} gap {wait_us:4.1f} us: a layer {plain:7.2f} us plain, {pdl:7.2f} us with PDL "
-                f"(saved {plain - pdl:+.2f} us; rounds plain {['%.2f' % t for t in times['plain']]}, "
-                f"pdl {['%.2f' % t for t in times['pdl']]}); weights {layer_bytes / 1e6:.0f} MB a layer")
+            log(f"M={m} gap {wait_us:4.1f} us, a layer ({layer_bytes / 1e6:.0f} MB): "
+                + ", ".join(f"{mode} {median[mode]:7.2f} us" + ("" if mode == "plain" else
+                            f" (saved {median['plain'] - median[mode]:+.2f})") for mode in MODES)
+                + "; rounds " + "; ".join(f"{mode} {' / '.join('%.2f' % t for t in times[mode])}" for mode in MODES))
     log(f"RESULT {'FAIL: ' + ', '.join(bad) if bad else 'OK'}")
     sys.exit(1 if bad else 0)
 

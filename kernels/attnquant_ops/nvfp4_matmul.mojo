@@ -489,7 +489,7 @@ def _mma_groups[
 
 @always_inline
 def _gemv_batch[
-    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True
+    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True, WAIT: Bool = False
 ](
     mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
     cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
@@ -512,10 +512,14 @@ def _gemv_batch[
     cptr/sptr: this lane's code/scale bytes of each n-tile at k-group 0;
     xptr: its activation row(s) at its k offset; xlimit clamps k (padding).
     FULL: nb == U, no per-group guard. XCLAMP False: K % 64 == 0, so no
-    k-group reaches past K and the activation offsets need no clamp."""
+    k-group reaches past K and the activation offsets need no clamp. WAIT
+    (PDL_EARLY, bench harness only): pdl_wait between the weight loads and
+    the activations."""
     var wv = Array[SIMD[DType.uint32, 4], U * TN](fill=SIMD[DType.uint32, 4](0))
     var sv = Array[UInt32, U * TN](fill=0)
     _load_groups[U, TN, FULL](wv, sv, cptr, sptr, kg, nb)
+    comptime if WAIT:
+        pdl_wait()
     var dep = UInt32(0)
     comptime for u in range(1, U):
         comptime for tn in range(TN):
@@ -526,7 +530,7 @@ def _gemv_batch[
 
 @always_inline
 def _k_slice[
-    U: Int, TN: Int, MT: Int, ACC: Int, ALIGNED_K: Bool, PDL: Bool = False
+    U: Int, TN: Int, MT: Int, ACC: Int, ALIGNED_K: Bool, PDL: Bool = False, PDL_EARLY: Bool = False
 ](
     mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
     cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
@@ -548,12 +552,21 @@ def _k_slice[
     guarded and clamped (a zero-code padding group must not read activations
     past K).
 
-    PDL: pdl_wait first, before any load. Issuing the first batch's weight
-    loads before it took 66 registers instead of 57 (28 warps an SM instead
-    of 32), so the gain is the launch and the block start overlapping the
+    PDL: pdl_wait first, before any load. PDL_EARLY (bench harness only,
+    with ALIGNED_K): the first batch's weight loads are issued before it, so
+    they are in flight while the previous kernel finishes; that takes 66
+    registers instead of 57 (28 warps an SM instead of 32), so the op waits
+    first and its gain is the launch and the block start overlapping the
     previous kernel's last wave."""
     var kg = kg_begin
-    comptime if PDL:
+    comptime if PDL_EARLY:
+        comptime assert PDL and ALIGNED_K, "PDL_EARLY is a form of PDL's aligned loop"
+        if kg + U <= kg_end:
+            _gemv_batch[U, TN, MT, ACC, True, False, True](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            kg += U
+        else:
+            pdl_wait()
+    elif PDL:
         pdl_wait()
     comptime if ALIGNED_K:
         while kg + U <= kg_end:
@@ -608,6 +621,7 @@ def nvfp4_gemv_sm90_kernel[
     ALIGNED_K: Bool = False,
     PIPE: Int = 0,
     PDL: Bool = False,
+    PDL_EARLY: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -622,7 +636,7 @@ def nvfp4_gemv_sm90_kernel[
     kw: Int64,
 ):
     """The register-staged GEMV (_gemv_sm90_body)."""
-    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K, PIPE, PDL](
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K, PIPE, PDL, PDL_EARLY](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw, codes, 0, scales, 0, 0
     )
 
@@ -673,6 +687,7 @@ def _gemv_sm90_body[
     ALIGNED_K: Bool = False,
     PIPE: Int = 0,
     PDL: Bool = False,
+    PDL_EARLY: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -794,7 +809,7 @@ def _gemv_sm90_body[
             _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, min(U, kg_end - kg), opaque_zero)
             kg += U
     else:
-        _k_slice[U, TN, MT, ACC, ALIGNED_K, PDL](accs, cptr, sptr, xptr, xlimit, kg_begin, kg_end, opaque_zero)
+        _k_slice[U, TN, MT, ACC, ALIGNED_K, PDL, PDL_EARLY](accs, cptr, sptr, xptr, xlimit, kg_begin, kg_end, opaque_zero)
     comptime if NEXT:
         _prefetch_next_share(
             next_codes, Int(next_code_bytes), next_scales, Int(next_scale_bytes), Int(next_first_block)

@@ -24,9 +24,12 @@ PDL_MIN_CAPABILITY = 90
 griddepcontrol, PTX for sm_90 and later."""
 
 
-def supports_pdl(device_api: str, device_arch: str) -> bool:
-    """Whether attnquant's ops can launch with programmatic dependent launch on this device."""
-    return cuda_capability(device_api, device_arch) >= PDL_MIN_CAPABILITY
+def pdl_refusal(device_api: str, device_arch: str) -> str | None:
+    """Why attnquant's ops cannot launch with programmatic dependent launch on
+    this device (``"needs sm_90+, device is ..."``), or None if they can."""
+    if cuda_capability(device_api, device_arch) >= PDL_MIN_CAPABILITY:
+        return None
+    return f"needs sm_{PDL_MIN_CAPABILITY}+, device is {device_arch or device_api}"
 
 
 def custom_extensions_path() -> Path:

@@ -22,7 +22,7 @@ from max.experimental.nn.norm import rms_norm
 from max.experimental.tensor import Tensor
 
 from attnquant.config import LOGGER_NAME
-from attnquant.graph.ops import PDL_MIN_CAPABILITY, custom_op_outputs, supports_pdl
+from attnquant.graph.ops import custom_op_outputs, pdl_refusal
 
 logger = logging.getLogger(LOGGER_NAME)
 
@@ -89,11 +89,10 @@ def choose_norm_kernel(config: NormKernelConfig) -> NormKernel:
     """:func:`can_use_kernel`'s answer, and whether the kernel takes
     ``ATTNQUANT_PDL``, logged once per distinct config."""
     ok, why = can_use_kernel(config)
-    pdl = ok and config.pdl and supports_pdl(config.device_api, config.device_arch)
+    refusal = pdl_refusal(config.device_api, config.device_arch) if ok and config.pdl else None
+    pdl = ok and config.pdl and refusal is None
     if ok and config.pdl:
-        why += "; programmatic dependent launch (ATTNQUANT_PDL=1)" if pdl else (
-            f"; ATTNQUANT_PDL=1 not taken: needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch or 'unknown'}"
-        )
+        why += f"; ATTNQUANT_PDL=1 not taken: {refusal}" if refusal else "; programmatic dependent launch (ATTNQUANT_PDL=1)"
     logger.info(
         "attnquant: residual norms (hidden %d, %s, %s): %s (%s)",
         config.hidden, config.dtype.name, config.device_api, "attnquant's kernel" if ok else "MAX's ops", why,

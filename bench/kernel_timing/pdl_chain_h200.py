@@ -128,7 +128,7 @@ def norm(ks, name: str, normed, res_out, x, residual, g1, g2, scale) -> None:
     fn = ks.funcs[name]
     func_ptr = int(getattr(getattr(fn, "kernel", fn), "ptr"))
     attrs = kh.launch_attrs(name == "rd0", 1)
-    threads = -(-(-(-cols // 8)) // 32) * 32
+    threads = -(-cols // (8 * 32)) * 32  # 8 values a thread, whole warps
     kh.launch_ex(func_ptr, torch.cuda.current_stream().cuda_stream, (m, 1, 1), (threads, 1, 1), 0, args, attrs)
 
 

@@ -29,8 +29,8 @@ from max.experimental.nn import Module
 from max.experimental.tensor import Tensor
 
 from attnquant.config import AttnQuantConfig
-from attnquant.max_compat import device_arch
 from attnquant.graph.residual_norm import NormKernel, NormKernelConfig, NormSpec, add_and_norm, choose_norm_kernel
+from attnquant.max_compat import device_arch
 
 from .layer_subgraphs import SharableLayer, call_forward, subgraph_inputs
 

@@ -30,7 +30,7 @@ from attnquant.graph.nvfp4.base import (
     common_refusal,
     gemv_or_dequant_matmul,
 )
-from attnquant.graph.ops import PDL_MIN_CAPABILITY, supports_pdl
+from attnquant.graph.ops import pdl_refusal
 from kernels.sm90_layout import TILE_K, TILE_N, prepare_weights
 
 
@@ -122,8 +122,8 @@ class MojoSM90Backend(NVFP4Backend):
         params, why = _forced_parameters(config) if config.sm90_variant else _tuned_parameters(config)
         if not config.pdl or dict(params).get("pdl"):
             return params, why
-        if not supports_pdl(config.device_api, config.device_arch):
-            return params, f"{why}; ATTNQUANT_PDL=1 not taken: needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch}"
+        if refusal := pdl_refusal(config.device_api, config.device_arch):
+            return params, f"{why}; ATTNQUANT_PDL=1 not taken: {refusal}"
         return (*params, ("pdl", True)), f"{why}; programmatic dependent launch (ATTNQUANT_PDL=1; the register and bulk-ring kernels)"
 
     @classmethod
@@ -188,8 +188,8 @@ def _fast_variant_problem(wanted: dict[str, int], config: NVFP4LayerConfig) -> s
         )
     if wanted["pdl"] and wanted["variant"] not in _PDL_VARIANTS:
         return f"programmatic dependent launch needs one of the variants {_PDL_VARIANTS}"
-    if wanted["pdl"] and not supports_pdl(config.device_api, config.device_arch):
-        return f"programmatic dependent launch needs sm_{PDL_MIN_CAPABILITY}+, device is {config.device_arch}"
+    if wanted["pdl"] and (refusal := pdl_refusal(config.device_api, config.device_arch)):
+        return f"programmatic dependent launch {refusal}"
     if wanted["variant"] < 3:
         return None
     if config.cuda_capability < 90:

@@ -134,9 +134,17 @@ def test_the_sweep_harness_builds_every_kernel_it_names_and_gh0_loads_the_scale_
     # load nothing before griddepcontrol.wait; rd0 loads only its two gammas (weights) first;
     # the kernels launched without PDL have neither instruction.
     # ge0/ze0 (the form the op does not take) issue their first batch's weight loads before it.
-    for name, loads_before in (("gd0", 0), ("zd0", 0), ("rd0", 2), ("ge0", None), ("ze0", None)):
+    # gl0/zl0/rl0 (nor this one) let the next kernel start only after their last store.
+    late = ("gl0", "zl0", "rl0")
+    for name, loads_before in (("gd0", 0), ("zd0", 0), ("rd0", 2), ("ge0", None), ("ze0", None),
+                               ("gl0", 0), ("zl0", 0), ("rl0", 2)):  # fmt: skip
         text = ptx[name]
         assert text.count("griddepcontrol.launch_dependents") == 1, name
+        trigger = text.index("griddepcontrol.launch_dependents")
+        if name in late:
+            assert trigger > text.rindex("st.global"), name
+        else:
+            assert trigger < text.index("griddepcontrol.wait") and trigger < text.index("ld.global"), name
         if loads_before is None:  # a wait after a batch of weight words (and one for a slice too short for it)
             before, after = text.rsplit("griddepcontrol.wait", 1)
             assert before.count("ld.global.nc.L1::no_allocate.v4.u32") >= 4 and after.count("ld.global") > 0, name
@@ -262,8 +270,9 @@ def test_l2_prefetch_prefix_and_flow_run_on_cpu(tmp_path: Path) -> None:
 
 def test_pdl_chain_checks_and_times_both_modes_on_cpu(tmp_path: Path) -> None:
     """bench/kernel_timing/pdl_chain_h200.py --dry-run: the reference norm
-    (float64 with the graph's roundings), every check and both modes' chain at
-    each M and gap run, one row per (M, gap), and RESULT OK."""
+    (float64 with the graph's roundings), every check, the plain chain twice
+    (is the baseline repeatable) and each mode's chain at each M and gap run,
+    one row per (M, gap), and RESULT OK."""
     import json
     import subprocess
     import sys
@@ -276,6 +285,8 @@ def test_pdl_chain_checks_and_times_both_modes_on_cpu(tmp_path: Path) -> None:
     assert r.returncode == 0 and "RESULT OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.count("pdl equal to plain in every buffer: True") == 2, r.stdout[-3000:]
     assert r.stdout.count("early equal to plain in every buffer: True") == 2, r.stdout[-3000:]
+    assert r.stdout.count("plain again equal to plain in every buffer: True") == 2, r.stdout[-3000:]
+    assert r.stdout.count("late equal to plain in every buffer: True") == 2, r.stdout[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "pdl_chain_h200.jsonl").read_text().splitlines()]
     assert [(x["geometry"], x["m"], x["gap_us"]) for x in rows] == [
         ("4b", 1, 12.0), ("4b", 1, 0.0), ("4b", 3, 12.0), ("4b", 3, 0.0)]

@@ -50,7 +50,8 @@ Variant names (bench/kernel_timing/nvfp4_ptx_harness.mojo; op `variant` in brack
   griddepcontrol.wait); timed in a chain of identical GEMVs, so an upper bound for a model.
   gd0 (zd0 gated): gv0 with programmatic dependent launch (waits before any load), checked
   here; pdl_chain_h200.py times it along a decoder layer, beside ge0 (ze0), which issues
-  its first weight loads before the wait (66 registers, not the op's).
+  its first weight loads before the wait (66 registers, not the op's), and gl0 (zl0), which
+  lets the next kernel start only after its stores (not the op's either).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ VARIANTS = {
     # pdl_chain_h200.py times it in a decoder layer's chain.
     "gd0": Variant("reg", 1, 1, op_variant=0, pdl=True),
     "ge0": Variant("reg", 1, 1, pdl=True),  # gd0 with its first weight loads before the wait (not the op's)
+    "gl0": Variant("reg", 1, 1, pdl=True),  # gd0 letting the next kernel start after its stores (not the op's)
     "b5s1": Variant("bulk", 2, 2, 4, 2, 1, 5), "b5s2": Variant("bulk", 2, 2, 4, 2, 2, 5),
     "b6s1": Variant("bulk", 2, 4, 3, 2, 1, 6), "b6s2": Variant("bulk", 2, 4, 3, 2, 2, 6),
     "r7s1": Variant("reg2", 1, 1, sk=1, op_variant=7), "r7s2": Variant("reg2", 1, 1, sk=2, op_variant=7),
@@ -188,7 +190,7 @@ ASSEMBLED_FROM = {"gvr": "gv0"}
 other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
 
 ALIGNED_ONLY = {
-    "gv0": "gvg", "gd0": "gvg", "ge0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
+    "gv0": "gvg", "gd0": "gvg", "ge0": "gvg", "gl0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
     "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
 }  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
@@ -196,7 +198,7 @@ ALIGNED_ONLY = {
 launches in their place, as the op does (None: none built; the gated shapes
 are all aligned)."""
 
-GATED = {"zv0": "gv0", "zd0": "gd0", "ze0": "ge0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
+GATED = {"zv0": "gv0", "zd0": "gd0", "ze0": "ge0", "zl0": "gl0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
 """Harness kernels with the gated epilogue (gelu_tanh(gate) * up of a gate|up
 interleaved by 8 rows; n = N/2) -> the kernel they gate (same launch);
 bench/kernel_timing/gated_h200.py times them. Not part of the sweep."""

@@ -279,6 +279,20 @@ def ze0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: I
     nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True, False, True, 0, True, True](y, x, c, s, g, m, n, k, nt, kg, kw)
 
 
+# gl0/zl0/rl0 (PDL_LATE): gd0/zd0/rd0 that let the next kernel start only after their stores
+# (MAX's own convention), for a next kernel that might read before it waits.
+def gl0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, False, False, True, 0, True, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def zl0(y: BF, x: BFI, c: U8, s: U8, g: F32, m: Int64, n: Int64, k: Int64, nt: Int64, kg: Int64, kw: Int64):
+    nvfp4_gemv_sm90_kernel[1, 1, 1, 16, 4, 1, 0, True, False, True, 0, True, False, True](y, x, c, s, g, m, n, k, nt, kg, kw)
+
+
+def rl0(o: BF, ro: BF, x: BFI, r: BFI, g1: BFI, g2: BFI, sc: BFI, cols: Int64, e1: Float32, e2: Float32, f1: Float32, f2: Float32):
+    _residual_norm_kernel[DType.bfloat16, True, True, True](o, ro, x, r, g1, g2, sc, cols, e1, e2, f1, f2)
+
+
 def rn0(o: BF, ro: BF, x: BFI, r: BFI, g1: BFI, g2: BFI, sc: BFI, cols: Int64, e1: Float32, e2: Float32, f1: Float32, f2: Float32):
     _residual_norm_kernel[DType.bfloat16, True](o, ro, x, r, g1, g2, sc, cols, e1, e2, f1, f2)
 
@@ -444,6 +458,8 @@ def main() raises:
         ctx.enqueue_function[ge0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[ze0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         ctx.enqueue_function[zd0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[gl0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[zl0](b.unsafe_ptr(), b2.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, z, z, grid_dim=1, block_dim=32)
         var e = Float32(0)
         var n0 = ctx.enqueue_create_buffer[DType.bfloat16](64)
         var n1 = ctx.enqueue_create_buffer[DType.bfloat16](64)
@@ -454,4 +470,5 @@ def main() raises:
         var n6 = ctx.enqueue_create_buffer[DType.bfloat16](64)
         ctx.enqueue_function[rn0](n0.unsafe_ptr(), n1.unsafe_ptr(), n2.unsafe_ptr(), n3.unsafe_ptr(), n4.unsafe_ptr(), n5.unsafe_ptr(), n6.unsafe_ptr(), z, e, e, e, e, grid_dim=1, block_dim=32)
         ctx.enqueue_function[rd0](n0.unsafe_ptr(), n1.unsafe_ptr(), n2.unsafe_ptr(), n3.unsafe_ptr(), n4.unsafe_ptr(), n5.unsafe_ptr(), n6.unsafe_ptr(), z, e, e, e, e, grid_dim=1, block_dim=32)
+        ctx.enqueue_function[rl0](n0.unsafe_ptr(), n1.unsafe_ptr(), n2.unsafe_ptr(), n3.unsafe_ptr(), n4.unsafe_ptr(), n5.unsafe_ptr(), n6.unsafe_ptr(), z, e, e, e, e, grid_dim=1, block_dim=32)
         ctx.enqueue_function[dq](b.unsafe_ptr(), u.unsafe_ptr(), u2.unsafe_ptr(), f.unsafe_ptr(), z, z, z, z, grid_dim=1, block_dim=32)

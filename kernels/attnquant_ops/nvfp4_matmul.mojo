@@ -622,6 +622,7 @@ def nvfp4_gemv_sm90_kernel[
     PIPE: Int = 0,
     PDL: Bool = False,
     PDL_EARLY: Bool = False,
+    PDL_LATE: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -636,7 +637,7 @@ def nvfp4_gemv_sm90_kernel[
     kw: Int64,
 ):
     """The register-staged GEMV (_gemv_sm90_body)."""
-    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K, PIPE, PDL, PDL_EARLY](
+    _gemv_sm90_body[MT, TN, NW, KW_MAX, U, ACC, PF, GATED, EARLY_SCALE, False, ALIGNED_K, PIPE, PDL, PDL_EARLY, PDL_LATE](
         y, x, codes, scales, global_scale, m_rows, n_rows, k, n_tiles, k_groups, kw, codes, 0, scales, 0, 0
     )
 
@@ -688,6 +689,7 @@ def _gemv_sm90_body[
     PIPE: Int = 0,
     PDL: Bool = False,
     PDL_EARLY: Bool = False,
+    PDL_LATE: Bool = False,
 ](
     y: Pointer[BFloat16, MutAnyOrigin],
     x: Pointer[BFloat16, ImmutAnyOrigin],
@@ -730,10 +732,15 @@ def _gemv_sm90_body[
 
     PDL: launched with programmatic stream serialization (kernels/attnquant_ops/pdl.mojo):
     lets the next kernel start at once, and loads nothing before pdl_wait
-    (_k_slice)."""
+    (_k_slice). PDL_LATE (bench harness only, with PDL): lets it start only
+    after this block's stores, as MAX's own kernels do (OVERLAP_AT_END), for
+    a next kernel that might read before it waits."""
     comptime if PDL:
         comptime assert PF == 0 and PIPE == 0 and not NEXT, "PDL is a form of the op's loop"
-        pdl_launch_dependents()
+        comptime if not PDL_LATE:
+            pdl_launch_dependents()
+    comptime if PDL_LATE:
+        comptime assert PDL and not PDL_EARLY, "PDL_LATE is a form of PDL"
     var lane = Int(lane_id())
     var warp = Int(thread_idx.x) // 32
     var nw = warp % NW
@@ -850,6 +857,8 @@ def _gemv_sm90_body[
             _store_fragment[GATED](
                 y, acc[tn * MT + mt] * factor, nt0 + tn, g, mbase + 8 * mt + 2 * q, m, Int(n_rows)
             )
+    comptime if PDL_LATE:
+        pdl_launch_dependents()
 
 
 # ---------------------------------------------------------------------------

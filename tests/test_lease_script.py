@@ -328,6 +328,19 @@ def test_stepprofile_inlined_cell_inlines_every_layer_and_a_bad_cell_is_named(tm
     assert "unknown profile cell typo" in (tmp_path / "work" / "profile-typo.txt").read_text()
 
 
+def test_g4tpot_control_adds_a_second_server_of_the_same_cell(tmp_path: Path) -> None:
+    """G4_TPOT_CONTROL: the NVFP4-head cell twice, the second differing only in
+    its arena (memory), so that two servers of one configuration can be seen
+    to give the same greedy text beside a cell whose text differs."""
+    _, calls = _run_with_stubs(tmp_path, "g4tpot", G4_TPOT_CONTROL="1", G4_TPOT_PDL="1")
+    bench = next(c for c in calls if "serve_benchmark.py" in c)
+    cells = bench.split("--cells ")[1].split(" --")[0].split()
+    head = "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB="
+    assert [c for c in cells if c.startswith(head)] == [head + "35", head + "36"], cells
+    _, calls = _run_with_stubs(tmp_path / "off", "g4tpot")
+    assert head + "36" not in next(c for c in calls if "serve_benchmark.py" in c)
+
+
 @pytest.mark.parametrize(
     "phase, flag, cell",
     [

@@ -61,7 +61,9 @@
 #      G4_TPOT_UNGATED: adds the NVFP4-head cell with gate|up not gated (ATTNQUANT_GATED_GEMV=0;
 #      auto gates this size), with ROUNDS for the cells measured in turn; G4_TPOT_MAX_NORM: adds
 #      the NVFP4-head cell with MAX's residual norms (ATTNQUANT_NORM_KERNEL=0); G4_TPOT_PDL: adds it
-#      with programmatic dependent launch (ATTNQUANT_PDL=1);
+#      with programmatic dependent launch (ATTNQUANT_PDL=1); G4_TPOT_CONTROL: adds a second
+#      server of the NVFP4-head cell as it is (ARENA_GIB=36: memory only), whose greedy text
+#      must equal the first's, the control for any cell's text that differs;
 #   "stepprofile": where a decode step goes, kernel by kernel: PROFILE_GEOMETRY ("31b",
 #      random Gemma 4; "1b" or "4b", random Gemma 3) cut to PROFILE_LAYERS (6: five
 #      sliding layers and one full), ours NVFP4 with the NVFP4 head, one `max generate`
@@ -77,7 +79,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "normkernel", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_CONTROL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -194,11 +196,12 @@ g4tpot() {  # weights + MAX's 15 GiB of Gemma 4 activations: NVFP4 25.6 GiB, bf1
   local ungated=(${G4_TPOT_UNGATED:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_GATED_GEMV=0+ARENA_GIB=35})
   local maxnorm=(${G4_TPOT_MAX_NORM:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_NORM_KERNEL=0+ARENA_GIB=35})
   local pdl=(${G4_TPOT_PDL:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ATTNQUANT_PDL=1+ARENA_GIB=35})
+  local control=(${G4_TPOT_CONTROL:+attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=36})
   local bf16=("attnquant-bf16:off+ARENA_GIB=53"); [ -n "${G4_TPOT_NO_BF16:-}" ] && bf16=()  # an H100: 80 GiB
   python3 "$HERE/../checkpoints/make_random_gemma4.py" "$WORK/g4-tpot" --layers "${G4_TPOT_LAYERS:-30}" 2>&1 | tail -1
   python3 "$HERE/serve_benchmark.py" --model "$WORK/g4-tpot" --sessions 1 --trials "${TRIALS:-2}" --rounds "${ROUNDS:-1}" --concurrency 1 \
     --cells "${bf16_head[@]}" "${bf16[@]}" \
-    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" "${ungated[@]}" "${maxnorm[@]}" "${pdl[@]}" \
+    "attnquant-nvfp4:on+ATTNQUANT_LM_HEAD=nvfp4+ARENA_GIB=35" "${control[@]}" "${ungated[@]}" "${maxnorm[@]}" "${pdl[@]}" \
     --memory-fraction 0.9 --port-base 8800 --gpu-lock "$LOCK" --launch-lock "$WORK/launch.lock" --settle "${SETTLE:-45}" \
     --out "$WORK/g4-tpot/results.jsonl" > "$WORK/g4-tpot.txt" 2>&1
 }

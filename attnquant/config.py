@@ -262,9 +262,8 @@ SETTINGS: tuple[Setting, ...] = (
         "every step of up to 8 token rows) and residual norm kernel "
         "launch with programmatic dependent launch, so each may start while the one before it "
         "finishes (the launch overlaps the earlier kernel's last wave; each still waits for "
-        "its input). Experimental: every kernel gives the same bits either way, but through MAX's "
-        "captured decode steps the greedy outputs changed with it (docs/performance.md), so "
-        "it is off and logs a warning when set; the log says which layers take it.",
+        "its input). Same outputs either way; off by default because the measured gain is small "
+        "(docs/performance.md). The log says which layers take it.",
     ),
     _choice(
         "ATTNQUANT_LAYER_SUBGRAPHS", "layer_subgraphs", ("always", "cpu"), "always",

@@ -229,28 +229,6 @@ def test_pdl_setting_adds_the_parameter_where_the_device_has_it() -> None:
     assert params == (), "off by default"
 
 
-def test_pdl_setting_warns_where_it_takes_effect(caplog: pytest.LogCaptureFixture) -> None:
-    """ATTNQUANT_PDL=1 is experimental: one warning where it takes effect
-    (sm_90+), naming the device and telling the user to unset it; none when
-    off or where it is refused. Converting a plan logs it once a device."""
-    import logging
-
-    from attnquant.config import LOGGER_NAME
-    from attnquant.graph import runtime
-    from attnquant.graph.ops import pdl_warning
-
-    warning = pdl_warning(True, "cuda", "sm_90a")
-    assert warning and "ATTNQUANT_PDL=1 on sm_90a" in warning and "Unset it" in warning, warning
-    assert pdl_warning(False, "cuda", "sm_90a") is None
-    assert pdl_warning(True, "cuda", "sm_86") is None and pdl_warning(True, "cpu", "") is None
-    runtime._warn_pdl.cache_clear()
-    with caplog.at_level(logging.WARNING, logger=LOGGER_NAME):
-        for _ in range(2):
-            runtime._warn_pdl(True, "cuda", "sm_90a")
-            runtime._warn_pdl(True, "cpu", "")
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [warning]
-
-
 def test_sm90_measured_table_is_used_and_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
     from attnquant.graph.nvfp4 import sm90
 

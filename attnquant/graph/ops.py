@@ -32,20 +32,6 @@ def pdl_refusal(device_api: str, device_arch: str) -> str | None:
     return f"needs sm_{PDL_MIN_CAPABILITY}+, device is {device_arch or device_api}"
 
 
-def pdl_warning(enabled: bool, device_api: str, device_arch: str) -> str | None:
-    """The warning to log when ``ATTNQUANT_PDL=1`` takes effect on this
-    device, or None (off, or refused here). Every kernel computes the same
-    bits with and without it, yet end to end the greedy outputs changed
-    (docs/performance.md), so it is not for serving until that is explained."""
-    if not enabled or pdl_refusal(device_api, device_arch):
-        return None
-    return (
-        f"attnquant: ATTNQUANT_PDL=1 on {device_arch}: experimental. attnquant's kernels give the same "
-        "bits with and without programmatic dependent launch, but through MAX's captured decode steps "
-        "the greedy outputs changed with it (docs/performance.md); do not serve with it. Unset it."
-    )
-
-
 def custom_extensions_path() -> Path:
     """The Mojo package with the attnquant ops; pass it as ``custom_extensions``."""
     return OPS_PATH

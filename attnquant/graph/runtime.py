@@ -25,7 +25,6 @@ from max.dtype import DType
 
 from attnquant.config import AttnQuantConfig, LOGGER_NAME
 from attnquant.formats.names import GATE_UP_MEMBERS
-from attnquant.graph.ops import pdl_warning
 from attnquant.graph.nvfp4 import GEMV_MAX_M, NVFP4Backend, NVFP4LayerConfig, choose_backend
 from attnquant.max_compat import SM90_ROW_TILE, RowPadding, device_arch, row_padding
 from attnquant.plan import PartPlan, ProjectionPlan, part_name
@@ -56,7 +55,6 @@ def for_device(
     api, arch = str(device.api), device_arch(device)
     padding = row_padding(config.row_padding, dtype, api, arch, graph_capture)
     _log_padding(padding, config.row_padding, arch or api)
-    _warn_pdl(config.pdl, api, arch)
     converted: ProjectionPlan = {}
     for group, parts in plan.items():
         converted[group] = tuple(
@@ -161,12 +159,6 @@ def capture_off_advice(dispatch: str, device_api: str, graph_capture: bool | Non
         "or set ATTNQUANT_NVFP4_DISPATCH=gemv (no branch; prefill re-reads the weights every "
         f"{GEMV_MAX_M} tokens)."
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_pdl(enabled: bool, api: str, arch: str) -> None:
-    if warning := pdl_warning(enabled, api, arch):
-        logger.warning(warning)
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,6 +30,15 @@ if command -v ptxas >/dev/null; then
   cp "$ROOT/bench/ptx/gv0.ptx" "$ROOT/bench/ptx/gvr.ptx"
   echo "gvr: $(ptxas -arch="$ARCH" -v -maxrregcount 56 "$ROOT/bench/ptx/gvr.ptx" -o "$ROOT/bench/ptx/gvr.cubin" 2>&1 \
     | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" >> "$ROOT/bench/ptx/ptxas.txt"
+  # gdx/zdx/rdx: gd0/zd0/rd0 with the previous kernel's output loaded through the
+  # read-only path again (readonly_loads.sed), as before pdl.mojo's rule: the control
+  # pdl_chain_h200.py runs beside them.
+  for made in gdx:gd0 zdx:zd0 rdx:rd0; do
+    n="${made%%:*}"; from="${made##*:}"
+    sed -E -f "$ROOT/bench/kernel_timing/readonly_loads.sed" "$ROOT/bench/ptx/$from.ptx" > "$ROOT/bench/ptx/$n.ptx"
+    echo "$n: $(ptxas -arch="$ARCH" -v "$ROOT/bench/ptx/$n.ptx" -o "$ROOT/bench/ptx/$n.cubin" 2>&1 \
+      | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" >> "$ROOT/bench/ptx/ptxas.txt"
+  done
   cat "$ROOT/bench/ptx/ptxas.txt"
 fi
 ls "$ROOT/bench/ptx" | tr '\n' ' '; echo

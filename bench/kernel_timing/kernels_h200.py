@@ -51,7 +51,9 @@ Variant names (bench/kernel_timing/nvfp4_ptx_harness.mojo; op `variant` in brack
   gd0 (zd0 gated): gv0 with programmatic dependent launch (waits before any load), checked
   here; pdl_chain_h200.py times it along a decoder layer, beside ge0 (ze0), which issues
   its first weight loads before the wait (66 registers, not the op's), and gl0 (zl0), which
-  lets the next kernel start only after its stores (not the op's either).
+  lets the next kernel start only after its stores (not the op's either); gdx (zdx) is gd0
+  (zd0) with its activations on the read-only path again, the form ptxas may move above
+  the wait (a control, made by build_ptx.sh).
 """
 
 from __future__ import annotations
@@ -159,6 +161,9 @@ VARIANTS = {
     "gd0": Variant("reg", 1, 1, op_variant=0, pdl=True),
     "ge0": Variant("reg", 1, 1, pdl=True),  # gd0 with its first weight loads before the wait (not the op's)
     "gl0": Variant("reg", 1, 1, pdl=True),  # gd0 letting the next kernel start after its stores (not the op's)
+    # gd0 with its activations loaded through the read-only path, as before pdl.mojo's rule (a
+    # control; build_ptx.sh makes it from gd0's PTX).
+    "gdx": Variant("reg", 1, 1, pdl=True),
     "b5s1": Variant("bulk", 2, 2, 4, 2, 1, 5), "b5s2": Variant("bulk", 2, 2, 4, 2, 2, 5),
     "b6s1": Variant("bulk", 2, 4, 3, 2, 1, 6), "b6s2": Variant("bulk", 2, 4, 3, 2, 2, 6),
     "r7s1": Variant("reg2", 1, 1, sk=1, op_variant=7), "r7s2": Variant("reg2", 1, 1, sk=2, op_variant=7),
@@ -185,12 +190,14 @@ VARIANTS = {
 }  # fmt: skip
 
 
-ASSEMBLED_FROM = {"gvr": "gv0"}
-"""Harness kernels that build_ptx.sh assembles from another kernel's PTX with
-other ptxas options (gvr: -maxrregcount 56), not compiled from Mojo."""
+ASSEMBLED_FROM = {"gvr": "gv0", "gdx": "gd0", "zdx": "zd0"}
+"""Harness kernels that build_ptx.sh assembles from another kernel's PTX, not
+compiled from Mojo: with other ptxas options (gvr: -maxrregcount 56) or with
+the previous kernel's output loaded through the read-only path again
+(readonly_loads.sed: gdx, zdx, and the norm rdx from rd0)."""
 
 ALIGNED_ONLY = {
-    "gv0": "gvg", "gd0": "gvg", "ge0": "gvg", "gl0": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
+    "gv0": "gvg", "gd0": "gvg", "ge0": "gvg", "gl0": "gvg", "gdx": "gvg", "gvr": "gvg", "gp": "gvg", "gq": "gvg", "g4": "gwg", "gx": "gxg", "zv0": None, "zg4": None,
     "r7s1": "r7g1", "r7s2": "r7g2", "r7s4": "r7g4",
 }  # fmt: skip
 """Harness kernels built with ALIGNED_K (no activation clamp: K % 64 == 0 only)
@@ -198,7 +205,7 @@ ALIGNED_ONLY = {
 launches in their place, as the op does (None: none built; the gated shapes
 are all aligned)."""
 
-GATED = {"zv0": "gv0", "zd0": "gd0", "ze0": "ge0", "zl0": "gl0", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
+GATED = {"zv0": "gv0", "zd0": "gd0", "ze0": "ge0", "zl0": "gl0", "zdx": "gdx", "za5": "a5", "zg4": "g4", "zb3s1": "b3s1", "zb5s1": "b5s1"}
 """Harness kernels with the gated epilogue (gelu_tanh(gate) * up of a gate|up
 interleaved by 8 rows; n = N/2) -> the kernel they gate (same launch);
 bench/kernel_timing/gated_h200.py times them. Not part of the sweep."""

@@ -34,7 +34,7 @@ from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import AddressSpace, external_memory
 from max.gpu.sync import syncwarp
 
-from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait
+from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait, produced_invariant
 from .nvfp4_matmul import (
     SM90_EPILOGUE_FACTOR,
     _aligned_k,
@@ -365,8 +365,9 @@ def _bulk_body[
     var xlimit = Int32(kk - 16 - 16 * q)
     var xk = Int32(kg_begin * 64)  # k offset of the group being computed
     var xbuf = Array[SIMD[DType.uint32, 8], 2 * MT](fill=SIMD[DType.uint32, 8](0))
+    comptime XINV = produced_invariant[PDL]()  # x is the previous kernel's output
     comptime for mt in range(MT):
-        var v = xptr[mt].unsafe_load[width=16, alignment=32](Int(min(xk, xlimit)))
+        var v = xptr[mt].unsafe_load[width=16, alignment=32, invariant=XINV](Int(min(xk, xlimit)))
         xbuf[mt] = bitcast[DType.uint32, 8](v)
 
     var accs = Array[SIMD[DType.float32, 4], TN * MT * ACC](fill=SIMD[DType.float32, 4](0))
@@ -386,7 +387,7 @@ def _bulk_body[
                         comptime nxt = ((gi + 1) % 2) * MT
                         xk += 64
                         comptime for mt in range(MT):
-                            var v = xptr[mt].unsafe_load[width=16, alignment=32](Int(min(xk, xlimit)))
+                            var v = xptr[mt].unsafe_load[width=16, alignment=32, invariant=XINV](Int(min(xk, xlimit)))
                             xbuf[nxt + mt] = bitcast[DType.uint32, 8](v)
                         comptime for tn in range(TN):
                             comptime c_off = j * SLOT + (tn * G + gi) * _CODE

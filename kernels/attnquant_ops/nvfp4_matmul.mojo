@@ -33,7 +33,7 @@ from max.gpu.sync import syncwarp
 from max.gpu.primitives.warp import sum as warp_sum
 
 from .activation import gelu_tanh
-from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait
+from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait, produced_invariant
 
 # ===----------------------------------------------------------------------=== #
 # Shared scalar decoders (CPU and generic GPU kernels)
@@ -449,7 +449,7 @@ def _load_groups[
 
 @always_inline
 def _mma_groups[
-    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool, XCLAMP: Bool
+    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool, XCLAMP: Bool, PDL: Bool = False
 ](
     mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
     wv: Array[SIMD[DType.uint32, 4], U * TN],
@@ -459,7 +459,8 @@ def _mma_groups[
     kg: Int,
     nb: Int,
 ):
-    """Per loaded k-group: the activations, decode, scale and mma."""
+    """Per loaded k-group: the activations, decode, scale and mma. PDL: the
+    activations are the previous kernel's output (pdl.mojo)."""
     comptime for u in range(U):
         comptime if not FULL:
             if u >= nb:
@@ -469,7 +470,7 @@ def _mma_groups[
             var xoff = (kg + u) * 64
             comptime if XCLAMP:
                 xoff = min(xoff, xlimit)
-            var v = xptr[mt].unsafe_load[width=16, alignment=32](xoff)
+            var v = xptr[mt].unsafe_load[width=16, alignment=32, invariant=produced_invariant[PDL]()](xoff)
             xf[mt] = bitcast[DType.uint32, 8](v)
         comptime for tn in range(TN):
             var s = sv[u * TN + tn]
@@ -489,7 +490,7 @@ def _mma_groups[
 
 @always_inline
 def _gemv_batch[
-    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True, WAIT: Bool = False
+    U: Int, TN: Int, MT: Int, ACC: Int, FULL: Bool = False, XCLAMP: Bool = True, WAIT: Bool = False, PDL: Bool = False
 ](
     mut accs: Array[SIMD[DType.float32, 4], TN * MT * ACC],
     cptr: Array[Pointer[UInt8, ImmutAnyOrigin], TN],
@@ -525,7 +526,7 @@ def _gemv_batch[
         comptime for tn in range(TN):
             dep |= wv[u * TN + tn][0] | sv[u * TN + tn]
     wv[0][0] ^= dep & opaque_zero
-    _mma_groups[U, TN, MT, ACC, FULL, XCLAMP](accs, wv, sv, xptr, xlimit, kg, nb)
+    _mma_groups[U, TN, MT, ACC, FULL, XCLAMP, PDL](accs, wv, sv, xptr, xlimit, kg, nb)
 
 
 @always_inline
@@ -562,7 +563,7 @@ def _k_slice[
     comptime if PDL_EARLY:
         comptime assert PDL and ALIGNED_K, "PDL_EARLY is a form of PDL's aligned loop"
         if kg + U <= kg_end:
-            _gemv_batch[U, TN, MT, ACC, True, False, True](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            _gemv_batch[U, TN, MT, ACC, True, False, True, True](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
             kg += U
         else:
             pdl_wait()
@@ -570,13 +571,17 @@ def _k_slice[
         pdl_wait()
     comptime if ALIGNED_K:
         while kg + U <= kg_end:
-            _gemv_batch[U, TN, MT, ACC, True, False](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            _gemv_batch[U, TN, MT, ACC, True, False, False, PDL](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
             kg += U
         if kg < kg_end:
-            _gemv_batch[U, TN, MT, ACC, False, False](accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero)
+            _gemv_batch[U, TN, MT, ACC, False, False, False, PDL](
+                accs, cptr, sptr, xptr, xlimit, kg, kg_end - kg, opaque_zero
+            )
     else:
         while kg < kg_end:
-            _gemv_batch[U, TN, MT, ACC](accs, cptr, sptr, xptr, xlimit, kg, min(U, kg_end - kg), opaque_zero)
+            _gemv_batch[U, TN, MT, ACC, False, True, False, PDL](
+                accs, cptr, sptr, xptr, xlimit, kg, min(U, kg_end - kg), opaque_zero
+            )
             kg += U
 
 

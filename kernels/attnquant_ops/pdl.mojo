@@ -6,6 +6,14 @@
 # must call pdl_wait before reading anything the earlier kernel writes and
 # before writing anything at all (its inputs may share our outputs' memory).
 #
+# What the earlier kernel writes must be loaded with invariant=False. By default
+# Mojo marks a load through an immutable pointer invariant on the GPU
+# (ld.global.nc, the read-only path), and ptxas may move an invariant load
+# above griddepcontrol.wait (it does so in the residual norm kernel), where it
+# reads the earlier kernel's output before that is written. Constants
+# (weights, gammas, scales) keep the read-only path. produced_invariant[PDL]()
+# is the flag for the other loads.
+#
 # Both calls are no-ops for a kernel launched without the attribute, so a
 # kernel compiled with them is correct however it is launched; the gain
 # needs both neighbours to take part: the earlier one triggering early, the
@@ -38,3 +46,11 @@ def pdl_attributes[PDL: Bool]() -> List[LaunchAttribute]:
             LaunchAttribute(LaunchAttributeID.PROGRAMMATIC_STREAM_SERIALIZATION, LaunchAttributeValue(True))
         )
     return attrs^
+
+
+@always_inline
+def produced_invariant[PDL: Bool]() -> Bool:
+    """The `invariant` flag of a load of data the previous kernel writes:
+    False under PDL (a plain, coherent ld.global that stays after pdl_wait),
+    True otherwise (the read-only path, as Mojo's default)."""
+    return not PDL

@@ -23,7 +23,8 @@
 #
 # PDL (pdl.mojo): launched with programmatic stream serialization, the kernel
 # lets the next one start at once and loads the two gammas (weights) before
-# waiting on the kernel that wrote x.
+# waiting on the kernel that wrote x; x and the residual are loaded as data
+# that kernel writes (not invariant), so they stay after the wait.
 
 from std.math import ceildiv, rsqrt
 from std.memory import stack_allocation
@@ -33,7 +34,7 @@ from max.gpu.host import DeviceContext
 from max.gpu.memory import AddressSpace
 from max.gpu.primitives.warp import sum as warp_sum
 
-from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait
+from .pdl import pdl_attributes, pdl_launch_dependents, pdl_wait, produced_invariant
 
 comptime VEC = 8
 comptime MAX_THREADS = 1024
@@ -91,8 +92,8 @@ def _residual_norm_kernel[
     comptime if PDL:
         pdl_wait()
     if active:
-        xv = x.unsafe_load[width=VEC, alignment=16](base).cast[_F32]()
-        rv = residual.unsafe_load[width=VEC, alignment=16](base)
+        xv = x.unsafe_load[width=VEC, alignment=16, invariant=produced_invariant[PDL]()](base).cast[_F32]()
+        rv = residual.unsafe_load[width=VEC, alignment=16, invariant=produced_invariant[PDL]()](base)
     comptime if SCALED:
         rv = rv * scale.unsafe_load(0)
     var warps = ceildiv(ceildiv(n, VEC), 32)

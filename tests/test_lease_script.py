@@ -154,6 +154,17 @@ def test_invariance_gated_adds_the_gated_cell_to_each_model(tmp_path: Path) -> N
             "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1"]
 
 
+def test_invariance_pdl_adds_the_pdl_cell_after_the_gated_one(tmp_path: Path) -> None:
+    _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_GATED="1", INVARIANCE_PDL="1")
+    runs = [c for c in calls if "batch_invariance.py" in c]
+    assert len(runs) == 2
+    for run in runs:
+        cells = run.split("--cells ")[1].split(" --")[0].split()
+        assert [c.split("+MODULAR")[0] for c in cells] == [
+            "attnquant-bf16:on", "attnquant-nvfp4:on", "attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1",
+            "attnquant-nvfp4:on+ATTNQUANT_PDL=1"]
+
+
 def test_invariance_long_gives_the_270m_long_prompts_and_the_random_model_its_words(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path, "invariance", INVARIANCE_LONG="1")
     runs = {c.split("--model ")[1].split()[0].rsplit("/", 1)[-1]: c for c in calls if "batch_invariance.py" in c}

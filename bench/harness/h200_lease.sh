@@ -79,7 +79,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "normkernel", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_CONTROL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_PDL (set: invariance adds NVFP4 with ATTNQUANT_PDL=1), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_CONTROL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -276,12 +276,13 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
     if wants invariance; then  # after padding: the same 1B servers then start from MAX's cache
       say "invariance"
       # MAX's built-in on the real 270M only (BUILTIN=1): on random weights its failure is known.
-      gated=(${INVARIANCE_GATED:+attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1})
-      if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" & fi
+      extra=(${INVARIANCE_GATED:+attnquant-nvfp4:on+ATTNQUANT_GATED_GEMV=1})
+      extra+=(${INVARIANCE_PDL:+attnquant-nvfp4:on+ATTNQUANT_PDL=1})
+      if inv_wants 1b; then invariance 1b "$WORK/g3-1b" 8300 8 words attnquant-bf16:on attnquant-nvfp4:on "${extra[@]}" & fi
       if inv_wants 270m; then
         prompts_270m=text; [ -n "${INVARIANCE_LONG:-}" ] && prompts_270m=long
         invariance 270m "$WORK/g3-270m" 8310 5 "$prompts_270m" \
-          ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on "${gated[@]}" &
+          ${BUILTIN:+builtin-bf16:off} attnquant-bf16:on attnquant-nvfp4:on "${extra[@]}" &
       fi
       wait; say "invariance done"
     fi

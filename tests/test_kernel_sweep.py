@@ -299,6 +299,8 @@ def test_pdl_chain_checks_and_times_both_modes_on_cpu(tmp_path: Path) -> None:
     assert r.returncode == 0 and "RESULT OK" in r.stdout, (r.stdout + r.stderr)[-3000:]
     for run in ("plain again", "pdl", "early", "late", "readonly"):
         assert r.stdout.count(f": {run} equal to plain in every buffer: True") == 2, (run, r.stdout[-3000:])
+    for mode in ("plain", "pdl", "early", "late", "readonly"):
+        assert r.stdout.count(f"replayed 2 times: {mode} equal to the eager plain chain in 2 of 2") == 2, (mode, r.stdout[-3000:])
     rows = [json.loads(line) for line in (tmp_path / "pdl_chain_h200.jsonl").read_text().splitlines()]
     assert [(x["geometry"], x["m"], x["gap_us"]) for x in rows] == [
         ("4b", 1, 12.0), ("4b", 1, 0.0), ("4b", 3, 12.0), ("4b", 3, 0.0)]

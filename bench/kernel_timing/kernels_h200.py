@@ -483,12 +483,9 @@ class FakeKernels:
         return kw or 4
 
 
-def time_graph(fn, replays: int = 20) -> list[float]:
-    """ms of each of `replays` replays of a CUDA graph that calls fn() once."""
-    if DRY:
-        t0 = time.perf_counter()
-        fn()
-        return [(time.perf_counter() - t0) * 1e3] * 3
+def capture_graph(fn) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph that calls fn() once (fn run once first, outside it, as warm-up):
+    its kernels launched back to back, as in a captured decode step."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -497,6 +494,16 @@ def time_graph(fn, replays: int = 20) -> list[float]:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
+    return g
+
+
+def time_graph(fn, replays: int = 20) -> list[float]:
+    """ms of each of `replays` replays of a CUDA graph that calls fn() once."""
+    if DRY:
+        t0 = time.perf_counter()
+        fn()
+        return [(time.perf_counter() - t0) * 1e3] * 3
+    g = capture_graph(fn)
     g.replay()
     sync()
     times = []

@@ -40,7 +40,10 @@ Correctness first: each mode's GEMV against float64 (as kernels_h200.py checks
 gv0) and bit for bit against gv0, its gated GEMV against zv0, its norm against rn0
 and rn0 against a float64 reference with the graph's roundings, and the whole
 chain's outputs bit for bit between the modes (a missing wait would read a buffer the
-previous layer left), after the plain chain has given the same bits twice. Any failure: RESULT FAIL and exit 1.
+previous layer left), after the plain chain has given the same bits twice; then each mode's
+chain captured as one CUDA graph (kernels back to back, where PDL overlaps them) and replayed
+--replays times, every replay's buffers against the eager plain chain's. Any failure
+(a control's apart): RESULT FAIL and exit 1.
 
 HERE (no GPU): MOJO=.venv/bin/mojo bash bench/kernel_timing/build_ptx.sh
 ON THE DEVICE: python3 bench/kernel_timing/pdl_chain_h200.py --out $OUT (carry bench/ptx;
@@ -176,7 +179,30 @@ def run_layer(ks, mode: str, layer: Layer, st: State, m: int, wait_us: float) ->
     norm(ks, rn, st.n2, st.r2, st.down, st.r1, layer.g[2], layer.g[3], layer.scale)
 
 
-def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log) -> list[str]:
+def replayed_outputs(ks, mode: str, layers: list[Layer], st: State, m: int, replays: int) -> list[dict[str, torch.Tensor]]:
+    """The chain's buffers after each of `replays` replays of one CUDA graph of (reset, every
+    layer, no gap kernel): launched back to back, so under PDL each kernel may start while
+    the one before it still runs, as in a captured decode step. Launched one by one from
+    Python, as the eager check does, the host's launch cost keeps them mostly apart."""
+
+    def chain() -> None:
+        st.reset()
+        for layer in layers:
+            run_layer(ks, mode, layer, st, m, 0.0)
+
+    if kh.DRY:
+        chain()
+        return [st.outputs()] * replays
+    graph = kh.capture_graph(chain)
+    outs = []
+    for _ in range(replays):
+        graph.replay()
+        kh.sync()
+        outs.append(st.outputs())
+    return outs
+
+
+def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log, replays: int) -> list[str]:
     """Every way the PDL kernels could be wrong that this card can show; the failures."""
     bad: list[str] = []
     dev = gen.device
@@ -238,6 +264,14 @@ def checks(ks, layers: list[Layer], st: State, m: int, gen: torch.Generator, log
             f"; finite: {finite}{' (a control: not a failure)' if control else ''}")
         if (differ or not finite) and not control:
             bad.append(f"chain ({run})")
+    for mode in MODES:
+        outs = replayed_outputs(ks, mode, layers, st, m, replays)
+        equal = sum(all(torch.equal(results["plain"][k], out[k]) for k in out) for out in outs)
+        control = mode in CONTROLS
+        log(f"chain of {len(layers)} layers, M={m}, one CUDA graph replayed {replays} times: {mode} equal to "
+            f"the eager plain chain in {equal} of {replays}{' (a control: not a failure)' if control else ''}")
+        if equal < replays and not control:
+            bad.append(f"replayed chain ({mode})")
     return bad
 
 
@@ -256,6 +290,7 @@ def main() -> None:
                     help="31b: Gemma 4's sliding layer (the norm scaled); 1b, 4b: Gemma 3's (scale 1)")
     ap.add_argument("--layers", type=int, default=3, help="at least this many layers of weights in turn")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--replays", type=int, default=50, help="CUDA-graph replays of each mode's chain checked")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
     kh.DRY = args.dry_run
@@ -263,7 +298,7 @@ def main() -> None:
     shapes = GEOMETRIES[args.geometry]
     if kh.DRY:
         shapes = [(64, 128), (128, 64), (256, 128), (128, 128)]
-        args.layers, args.rounds = 2, 1
+        args.layers, args.rounds, args.replays = 2, 1, 2
     args.out.mkdir(parents=True, exist_ok=True)
     out = (args.out / "pdl_chain_h200.jsonl").open("w")
     log = functools.partial(print, flush=True)
@@ -287,7 +322,7 @@ def main() -> None:
     bad: list[str] = []
     for m in args.rows:
         st = State(m, shapes, gen)
-        bad += checks(ks, layers, st, m, gen, log)
+        bad += checks(ks, layers, st, m, gen, log, args.replays)
         for wait_us in args.gaps:
             times: dict[str, list[float]] = {mode: [] for mode in MODES}
             for _ in range(args.rounds):

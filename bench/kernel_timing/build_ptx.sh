@@ -20,24 +20,25 @@ for f in "$TMP"/*.ptx; do
   cp "$f" "$ROOT/bench/ptx/$name.ptx"
 done
 if command -v ptxas >/dev/null; then
+  assemble() {  # assemble NAME [ptxas options]: bench/ptx/NAME.ptx -> NAME.cubin, its line in ptxas.txt
+    local n="$1"; shift
+    echo "$n: $(ptxas -arch="$ARCH" -v "$@" "$ROOT/bench/ptx/$n.ptx" -o "$ROOT/bench/ptx/$n.cubin" 2>&1 \
+      | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" >> "$ROOT/bench/ptx/ptxas.txt"
+  }
   for f in "$ROOT"/bench/ptx/*.ptx; do
-    n="$(basename "$f" .ptx)"
-    echo "$n: $(ptxas -arch="$ARCH" -v "$f" -o "$ROOT/bench/ptx/$n.cubin" 2>&1 | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" \
-      >> "$ROOT/bench/ptx/ptxas.txt"
+    assemble "$(basename "$f" .ptx)"
   done
   # gvr: gv0 assembled with at most 56 registers (no spills; Mojo cannot ask for
   # .maxnreg): 36 warps an SM instead of 32 where blocks of 4, 6 or 12 warps fit.
   cp "$ROOT/bench/ptx/gv0.ptx" "$ROOT/bench/ptx/gvr.ptx"
-  echo "gvr: $(ptxas -arch="$ARCH" -v -maxrregcount 56 "$ROOT/bench/ptx/gvr.ptx" -o "$ROOT/bench/ptx/gvr.cubin" 2>&1 \
-    | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" >> "$ROOT/bench/ptx/ptxas.txt"
+  assemble gvr -maxrregcount 56
   # gdx/zdx/rdx: gd0/zd0/rd0 with the previous kernel's output loaded through the
   # read-only path again (readonly_loads.sed), as before pdl.mojo's rule: the control
   # pdl_chain_h200.py runs beside them.
   for made in gdx:gd0 zdx:zd0 rdx:rd0; do
     n="${made%%:*}"; from="${made##*:}"
     sed -E -f "$ROOT/bench/kernel_timing/readonly_loads.sed" "$ROOT/bench/ptx/$from.ptx" > "$ROOT/bench/ptx/$n.ptx"
-    echo "$n: $(ptxas -arch="$ARCH" -v "$ROOT/bench/ptx/$n.ptx" -o "$ROOT/bench/ptx/$n.cubin" 2>&1 \
-      | grep -E 'Used|spill|error' | sed 's/ptxas info *: //' | tr '\n' ' ')" >> "$ROOT/bench/ptx/ptxas.txt"
+    assemble "$n"
   done
   cat "$ROOT/bench/ptx/ptxas.txt"
 fi

@@ -563,7 +563,7 @@ def _k_slice[
     comptime if PDL_EARLY:
         comptime assert PDL and ALIGNED_K, "PDL_EARLY is a form of PDL's aligned loop"
         if kg + U <= kg_end:
-            _gemv_batch[U, TN, MT, ACC, True, False, True, True](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
+            _gemv_batch[U, TN, MT, ACC, True, False, True, PDL](accs, cptr, sptr, xptr, xlimit, kg, U, opaque_zero)
             kg += U
         else:
             pdl_wait()

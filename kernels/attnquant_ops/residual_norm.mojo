@@ -91,9 +91,10 @@ def _residual_norm_kernel[
         g2 = gamma2.unsafe_load[width=VEC, alignment=16](col).cast[_F32]() + offset2
     comptime if PDL:
         pdl_wait()
+    comptime XINV = produced_invariant[PDL]()  # x and the residual: the previous kernels' outputs
     if active:
-        xv = x.unsafe_load[width=VEC, alignment=16, invariant=produced_invariant[PDL]()](base).cast[_F32]()
-        rv = residual.unsafe_load[width=VEC, alignment=16, invariant=produced_invariant[PDL]()](base)
+        xv = x.unsafe_load[width=VEC, alignment=16, invariant=XINV](base).cast[_F32]()
+        rv = residual.unsafe_load[width=VEC, alignment=16, invariant=XINV](base)
     comptime if SCALED:
         rv = rv * scale.unsafe_load(0)
     var warps = ceildiv(ceildiv(n, VEC), 32)

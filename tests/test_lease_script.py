@@ -339,6 +339,22 @@ def test_stepprofile_inlined_cell_inlines_every_layer_and_a_bad_cell_is_named(tm
     assert "unknown profile cell typo" in (tmp_path / "work" / "profile-typo.txt").read_text()
 
 
+def test_stepprofile_capture_and_the_served_cells(tmp_path: Path) -> None:
+    """PROFILE_CAPTURE times each cell's captured step whole; nvfp4-served and
+    nvfp4-pdl keep the served default's bf16 head, the second with PDL."""
+    _, calls = _run_with_stubs(tmp_path, "stepprofile", PROFILE_GEOMETRY="1b", PROFILE_LAYERS="26",
+                               PROFILE_CELLS="nvfp4-served nvfp4-pdl", PROFILE_CAPTURE="1")  # fmt: skip
+    runs = [c for c in calls if "step_profile.py" in c]
+    assert len(runs) == 4 and all("--capture" in c and "--layers 26" in c for c in runs)
+    served = [c for c in runs if "profile-nvfp4-served" in c]
+    pdl = [c for c in runs if "profile-nvfp4-pdl" in c]
+    assert len(served) == len(pdl) == 2
+    assert all("ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=bf16" in c and "ATTNQUANT_PDL" not in c for c in served)
+    assert all("ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=bf16 ATTNQUANT_PDL=1" in c for c in pdl)
+    _, calls = _run_with_stubs(tmp_path / "eager", "stepprofile", PROFILE_CELLS="nvfp4")
+    assert not [c for c in calls if "step_profile.py" in c and "--capture" in c]
+
+
 def test_g4tpot_control_adds_a_second_server_of_the_same_cell(tmp_path: Path) -> None:
     """G4_TPOT_CONTROL: the NVFP4-head cell twice, the second differing only in
     its arena (memory), so that two servers of one configuration can be seen

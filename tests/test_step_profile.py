@@ -53,6 +53,43 @@ def test_the_step_is_found_and_its_time_split_by_kind() -> None:
     assert "5.5 kernels, 128.8 µs" in out
 
 
+def test_a_captured_step_of_one_graph_is_found_and_its_spread_reported() -> None:
+    """--capture: ncu times each captured graph whole, so a decode step may be
+    one workload (the graph) repeating; the spread over the steps is what a
+    difference between two builds must exceed."""
+    profile = bench_module("step_profile")
+    eager = [("sm90_matmul_prefill", 50_000.0), ("mha_prefill", 9_000.0)]
+    graphs = [("graph_exec_1", 1_500_000.0 + 10_000.0 * (step % 10)) for step in range(40)]
+    kernels = profile.read_kernels("\n".join(_table(eager + graphs)))
+    out = profile.report(kernels, layers=26, captured=True)
+    assert "the decode step is 1 workloads (a captured graph is one), found 40 times" in out
+    assert "median 1545.0 µs, 10th-90th percentile 1510.0-1580.0 µs" in out
+    assert "per layer (the step / 26, the head and sampling included): 59.4 µs" in out
+    assert "| captured graph (--capture) | 1 | 1545.0 | 100 % |" in out
+
+
+def test_capture_turns_capture_on_and_times_each_graph_whole(tmp_path: Path) -> None:
+    profile = bench_module("step_profile")
+    ran: list[list[str]] = []
+
+    def run(command: list[str], env: dict[str, str]) -> object:
+        ran.append(command)
+        (tmp_path / "ncu.csv").write_text("\n".join(_table([("graph_exec_1", 1_000.0)] * 8)))
+        return type("Done", (), {"returncode": 0})()
+
+    for capture, tokens in ((True, 64), (False, 24)):
+        args = profile.argparse.Namespace(model=tmp_path, out=tmp_path, prompt="p", memory_fraction=0.5,
+                                          capture=capture, tokens=tokens, gpu_lock=None, layers=None)  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(profile.subprocess, "run", run)
+            profile.profile_once(args, {})
+    with_capture, without = ran
+    assert "--device-graph-capture" in with_capture and "--no-device-graph-capture" not in with_capture
+    assert with_capture[with_capture.index("--graph-profiling") + 1] == "graph"
+    assert with_capture[with_capture.index("--max-new-tokens") + 1] == "64"
+    assert "--no-device-graph-capture" in without and "--graph-profiling" not in without
+
+
 def test_microsecond_units_are_scaled_and_the_largest_process_table_is_read(tmp_path: Path) -> None:
     profile = bench_module("step_profile")
     small = _table([("warmup", 1.0)])

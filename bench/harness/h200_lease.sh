@@ -68,8 +68,11 @@
 #      random Gemma 4; "1b" or "4b", random Gemma 3) cut to PROFILE_LAYERS (6: five
 #      sliding layers and one full), ours NVFP4 with the NVFP4 head, one `max generate`
 #      under ncu (bench/harness/step_profile.py; capture off, compiled first without ncu;
-#      ncu holds the GPU lock for its run alone); PROFILE_CELLS ("nvfp4"; at most two:
-#      also "nvfp4-inlined", every layer inlined, and "bf16", ours bf16) picks what is profiled;
+#      ncu holds the GPU lock for its run alone); PROFILE_CELLS ("nvfp4"; at most two at the
+#      31B geometry: also "nvfp4-inlined", every layer inlined, "bf16", ours bf16, and as
+#      served by default, the bf16 head, "nvfp4-served" and "nvfp4-pdl", with ATTNQUANT_PDL=1)
+#      picks what is profiled; PROFILE_CAPTURE (set: capture on, each captured decode graph
+#      timed whole: the step's GPU time without the host's, step_profile.py --capture);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -79,7 +82,7 @@
 # Override: PHASES (default "mtp": one group of servers compiles in a lease; also "big", "invariance", "padding", "tuned", "g4tpot", "normkernel", "gatedkernels", "verify", "quantize", "kernels", "big4b", "cachecheck", "stepprofile"), CARRIED_CACHE,
 # BUILTIN27 (set: MAX's built-in bf16 as the 27B's second cell),
 # WAIT_S (540), SETTLE (45 s a server start holds the launch lock; MTP alone fits
-# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_PDL (set: invariance adds NVFP4 with ATTNQUANT_PDL=1), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_CONTROL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6) and PROFILE_CELLS (nvfp4): see stepprofile, G27_LAYERS (10). Each server's memory-manager
+# the card at any value), KERNEL_BUDGET (330 s), KERNEL_ARGS (more kernels_h200.py arguments, e.g. --only/--extra-kw), TRIALS (2), ROUNDS (1: tuned's and g4tpot's cells measured in turn this many times), TUNED_HEAD (set: tuned adds NVFP4 + the NVFP4 head), INVARIANCE_GATED (set: invariance adds NVFP4 gated), INVARIANCE_PDL (set: invariance adds NVFP4 with ATTNQUANT_PDL=1), INVARIANCE_LONG (set: the 270M's prompts are over 16 tokens, one prefill route alone and batched), BUILTIN (set: MAX's built-in in the 270M invariance), MTP_ORACLE_ONLY (set: MTP without the random assistant's cell), ORACLE_CAPTURE (on), TUNED_ALSO (sm90_tuned_h200.py --also), TUNED_NO_BF16 (set: tuned without its bf16 cell), TUNED_NO_GATED (set: without its gated cell), TUNED_MAX_NORM (set: adds NVFP4 with MAX's residual norms), TUNED_PDL (set: adds NVFP4 with ATTNQUANT_PDL=1), TUNED_AFTER_G4 (set: tuned starts once g4tpot is done: both do not fit the card at once), PADDING_OFF (set: padding off cell), G1B_LAYERS (26: the 1B geometry's layers), G4_LAYERS (6: a multiple of 6), G4_TPOT_LAYERS (30), G4_TPOT_HEAD_ONLY (set: see g4tpot), G4_TPOT_UNGATED (set: see g4tpot), G4_TPOT_MAX_NORM (set: see g4tpot), G4_TPOT_PDL (set: see g4tpot), G4_TPOT_CONTROL (set: see g4tpot), G4_TPOT_NO_BF16 (set: no bf16 cell, for an H100's 80 GiB), PROFILE_GEOMETRY (31b), PROFILE_LAYERS (6), PROFILE_CELLS (nvfp4) and PROFILE_CAPTURE (set): see stepprofile, G27_LAYERS (10). Each server's memory-manager
 # arena is set per cell (+ARENA_GIB=N: N GiB, as MAX's percentage of the memory
 # free when it starts; serve_benchmark.py); MM_PERCENT (5 %) is the rest's.
 # Run it from a copy of the repository outside the working tree (each device
@@ -222,10 +225,12 @@ stepprofile() {  # STAGE ARENA% CELL: a generate on the profile-model checkpoint
     nvfp4) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=nvfp4) ;;
     nvfp4-inlined) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=nvfp4 ATTNQUANT_LAYER_SUBGRAPHS=cpu) ;;
     bf16) settings=(ATTNQUANT_QUANT=none ATTNQUANT_LM_HEAD=bf16) ;;
-    *) echo "unknown profile cell $3 (nvfp4, nvfp4-inlined, bf16)" >> "$WORK/profile-$3.txt"; return 1 ;;
+    nvfp4-served) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=bf16) ;;
+    nvfp4-pdl) settings=(ATTNQUANT_QUANT=nvfp4 ATTNQUANT_LM_HEAD=bf16 ATTNQUANT_PDL=1) ;;
+    *) echo "unknown profile cell $3 (nvfp4, nvfp4-inlined, bf16, nvfp4-served, nvfp4-pdl)" >> "$WORK/profile-$3.txt"; return 1 ;;
   esac
   python3 "$HERE/step_profile.py" --model "$WORK/profile-model" --out "$WORK/profile-$3" --layers "${PROFILE_LAYERS:-6}" \
-    --stage "$1" --gpu-lock "$LOCK" --env "$ARENA=$2" "${settings[@]}" >> "$WORK/profile-$3.txt" 2>&1
+    ${PROFILE_CAPTURE:+--capture} --stage "$1" --gpu-lock "$LOCK" --env "$ARENA=$2" "${settings[@]}" >> "$WORK/profile-$3.txt" 2>&1
 }
 
 big4b() {  # 24 + 28 GiB

@@ -1,6 +1,7 @@
 """Where a decode step's GPU time goes: every kernel of ``max generate``, timed by ncu.
 
     python bench/harness/step_profile.py --model DIR --out DIR [--env NAME=VALUE ...] [--tokens 24] [--layers N]
+    python bench/harness/step_profile.py --capture --model DIR --out DIR [--env NAME=VALUE ...] [--tokens 64]
     python bench/harness/step_profile.py --analyze OUT/kernels.csv.gz [--layers N]
     python bench/harness/step_profile.py --analyze profile-kernels.csv.gz --cell nvfp4-inlined [--layers N]
 
@@ -19,6 +20,15 @@ still matches). It prints one step kernel by kernel (median over the steps
 found) and the step's time by kind of kernel. Kernel times add up to less
 than a step on the GPU: what a launch costs between kernels (in a captured
 graph ~1 µs each) is not in them; the kernel count says how many there are.
+
+``--capture`` times the step as it is served instead: ``max generate`` with
+device graph capture on, and ncu profiling each captured graph as one workload
+(``--graph-profiling graph``). A decode step is then one graph (and whatever
+the step launches outside it): its time is the step's on the GPU, the launch
+gaps inside the graph included and the host's time between steps left out.
+A served TPOT at a small geometry moves by about a millisecond from trial to
+trial with the host's work; this figure leaves the host out, so two builds'
+steps can be compared by their GPU time alone (the lease's ``PROFILE_CAPTURE``).
 
 Needs a GPU with ``ncu`` on PATH (the device machine has both); ``--analyze``
 runs anywhere.
@@ -50,6 +60,7 @@ NCU = ["ncu", "--target-processes", "all", "--clock-control", "none", "--cache-c
 UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
 
 KINDS: tuple[tuple[str, str], ...] = (  # first match wins; matched against the lower-cased name
+    ("captured graph (--capture)", r"graph"),  # where ncu names a whole-graph workload so; no step kernel is
     ("ours (attnquant's Mojo ops)", r"^mojo_pkg_"),  # MAX names a custom op's kernels by package hash
     ("attention", r"mha|flash|attention"),
     ("matmul (MAX)", r"matmul|gemm|gemv|cublas|wgmma"),
@@ -104,10 +115,12 @@ def _table_kernels(lines: list[str]) -> list[Kernel]:
     ]  # fmt: skip
 
 
-def decode_period(kernels: Sequence[Kernel], repeats: int = 3, longest: int = 5000) -> int:
-    """The shortest P whose last ``repeats`` runs of P kernels have the same shapes."""
+def decode_period(kernels: Sequence[Kernel], repeats: int = 3, longest: int = 5000, shortest: int = 2) -> int:
+    """The shortest P (at least ``shortest``) whose last ``repeats`` runs of P
+    kernels have the same shapes. A captured step may be one workload (its
+    graph), an uncaptured one never is: a lone repeating kernel is not a step."""
     shapes = [k.shape for k in kernels]
-    for period in range(2, min(longest, len(shapes) // repeats) + 1):
+    for period in range(shortest, min(longest, len(shapes) // repeats) + 1):
         tail = shapes[len(shapes) - repeats * period :]
         if all(tail[i] == tail[i % period] for i in range(len(tail))):
             return period
@@ -129,13 +142,22 @@ def short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def report(kernels: Sequence[Kernel], layers: int | None) -> str:
-    period = decode_period(kernels)
+def spread(found: Sequence[Sequence[Kernel]]) -> str:
+    """The whole step's time over the steps found: what a difference between two builds must exceed."""
+    totals = sorted(sum(k.ns for k in step) / 1e3 for step in found)
+    low, high = totals[len(totals) // 10], totals[-1 - len(totals) // 10]
+    return (f"the step over its {len(totals)} occurrences: median {statistics.median(totals):.1f} µs, "
+            f"10th-90th percentile {low:.1f}-{high:.1f} µs")
+
+
+def report(kernels: Sequence[Kernel], layers: int | None, captured: bool = False) -> str:
+    period = decode_period(kernels, shortest=1 if captured else 2)
     found = steps(kernels, period)
     median = [statistics.median(step[i].ns for step in found) for i in range(period)]
     last = found[-1]  # names, grids and kinds: the same in every step found
-    out = [f"{len(kernels)} kernels profiled; the decode step is {period} kernels, found {len(found)} times "
-           "at the tail (medians below)", "",
+    what = "workloads (a captured graph is one)" if captured else "kernels"
+    out = [f"{len(kernels)} {what} profiled; the decode step is {period} {what}, found {len(found)} times "
+           "at the tail (medians below)", spread(found), "",
            "| # | kernel | grid | block | kind | µs |", "|---|---|---|---|---|---|"]  # fmt: skip
     for i, (kernel, ns) in enumerate(zip(last, median)):
         out.append(f"| {i} | {short(kernel.name)} | {kernel.grid} | {kernel.block} | {kernel.kind} | {ns / 1e3:.2f} |")
@@ -148,8 +170,9 @@ def report(kernels: Sequence[Kernel], layers: int | None) -> str:
         out.append(f"| {kind} | {len(times)} | {sum(times) / 1e3:.1f} | {100 * sum(times) / total:.0f} % |")
     out.append(f"| all | {period} | {total / 1e3:.1f} | |")
     if layers:
+        count = "" if captured else f"{period / layers:.1f} kernels, "  # a graph hides its kernels
         out.append(f"\nper layer (the step / {layers}, the head and sampling included): "
-                   f"{period / layers:.1f} kernels, {total / 1e3 / layers:.1f} µs")  # fmt: skip
+                   f"{count}{total / 1e3 / layers:.1f} µs")  # fmt: skip
     return "\n".join(out)
 
 
@@ -169,9 +192,10 @@ def load_text(path: Path, cell: str | None = None) -> str:
 
 
 def generate_command(args: argparse.Namespace, tokens: int) -> list[str]:
+    capture = "--device-graph-capture" if args.capture else "--no-device-graph-capture"
     return [sys.executable, str(REPO / "run_max.py"), "generate", "--model-path", str(args.model),
             "--prompt", args.prompt, "--max-new-tokens", str(tokens), "--ignore-eos", "--top-k", "1",
-            "--no-device-graph-capture", "--max-length", "512", "--max-batch-size", "1",
+            capture, "--max-length", "512", "--max-batch-size", "1",
             "--device-memory-utilization", str(args.memory_fraction)]  # fmt: skip
 
 
@@ -191,7 +215,8 @@ def compile_once(args: argparse.Namespace, env: dict[str, str]) -> int:
 def profile_once(args: argparse.Namespace, env: dict[str, str]) -> int:
     """The generate under ncu, holding the GPU lock; writes and prints the analysis."""
     log = args.out / "ncu.csv"
-    command = [*NCU, "--log-file", str(log), *generate_command(args, args.tokens)]
+    graphs = ["--graph-profiling", "graph"] if args.capture else []
+    command = [*NCU, *graphs, "--log-file", str(log), *generate_command(args, args.tokens)]
     print(" ".join(command), flush=True)
     with measuring(args.gpu_lock):
         result = subprocess.run(command, env=env)
@@ -200,7 +225,7 @@ def profile_once(args: argparse.Namespace, env: dict[str, str]) -> int:
     text = log.read_text() if log.exists() else ""
     with gzip.open(args.out / "kernels.csv.gz", "wt") as f:
         f.write(text)
-    step = report(read_kernels(text), args.layers)
+    step = report(read_kernels(text), args.layers, captured=args.capture)
     (args.out / "step.txt").write_text(step + "\n")
     print(step)
     return result.returncode
@@ -220,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, help="the checkpoint max generate runs")
     parser.add_argument("--out", type=Path, help="where ncu's table and the analysis go")
     parser.add_argument("--env", nargs="*", default=[], help="NAME=VALUE settings for the run (ATTNQUANT_*)")
-    parser.add_argument("--tokens", type=int, default=24, help="new tokens (each past the first is a decode step)")
+    parser.add_argument("--tokens", type=int,
+                        help="new tokens, each past the first a decode step (24; 64 with --capture)")
     parser.add_argument("--prompt", default=WORD_PROMPT)
     parser.add_argument("--memory-fraction", type=float, default=0.9, help="MAX's --device-memory-utilization")
     parser.add_argument("--stage", choices=("compile", "profile", "both"), default="both",
@@ -229,9 +255,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--analyze", type=Path, help="only analyse a kernels.csv(.gz) written before")
     parser.add_argument("--cell", help="with --analyze on a lease's profile-kernels.csv.gz: that cell's table")
     parser.add_argument("--layers", type=int, help="the model's layer count: also print per-layer figures")
+    parser.add_argument("--capture", action="store_true",
+                        help="graph capture on, each captured graph timed whole (with --analyze: such a table)")
     args = parser.parse_args(argv)
+    if args.tokens is None:
+        args.tokens = 64 if args.capture else 24  # a captured step is one workload: more steps, same ncu time
     if args.analyze:
-        print(report(read_kernels(load_text(args.analyze, args.cell)), args.layers))
+        print(report(read_kernels(load_text(args.analyze, args.cell)), args.layers, captured=args.capture))
         return 0
     if args.model is None or args.out is None:
         parser.error("--model and --out (or --analyze)")

@@ -4,6 +4,7 @@ table in, one decode step's kernels and their time by kind out."""
 from __future__ import annotations
 
 import gzip
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,10 +73,10 @@ def test_capture_turns_capture_on_and_times_each_graph_whole(tmp_path: Path) -> 
     profile = bench_module("step_profile")
     ran: list[list[str]] = []
 
-    def run(command: list[str], env: dict[str, str]) -> object:
+    def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ran.append(command)
         (tmp_path / "ncu.csv").write_text("\n".join(_table([("graph_exec_1", 1_000.0)] * 8)))
-        return type("Done", (), {"returncode": 0})()
+        return subprocess.CompletedProcess(command, 0)
 
     for capture, tokens in ((True, 64), (False, 24)):
         args = profile.argparse.Namespace(model=tmp_path, out=tmp_path, prompt="p", memory_fraction=0.5,

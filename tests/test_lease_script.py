@@ -319,6 +319,16 @@ def test_collect_returns_at_most_8_files_with_the_profiles_raw_tables(tmp_path: 
         assert f.read().splitlines()[1:] == ['"ID","Kernel Name"', '"0","k"']
 
 
+def test_three_profile_cells_compile_in_shares_that_leave_room_beside_them(tmp_path: Path) -> None:
+    """At 31 + 31 + 38 % of the card the third compile's capture warmup found no
+    memory outside the caps: three or more cells share 80 % of it."""
+    _, calls = _run_with_stubs(tmp_path, "stepprofile", PROFILE_GEOMETRY="1b", PROFILE_LAYERS="26",
+                               PROFILE_CELLS="bf16 nvfp4-served nvfp4-pdl")  # fmt: skip
+    compiles = [c for c in calls if "step_profile.py" in c and "--stage compile" in c]
+    assert len(compiles) == 3
+    assert all("MODULAR_DEVICE_CONTEXT_MEMORY_MANAGER_SIZE_PERCENT=26 " in c for c in compiles)
+
+
 def test_stepprofile_at_a_gemma3_geometry_and_an_unknown_one(tmp_path: Path) -> None:
     _, calls = _run_with_stubs(tmp_path / "1b", "stepprofile", PROFILE_GEOMETRY="1b", PROFILE_LAYERS="4")
     made = [c for c in calls if "make_random_" in c]

@@ -71,8 +71,9 @@
 #      ncu holds the GPU lock for its run alone); PROFILE_CELLS ("nvfp4"; at most two at the
 #      31B geometry: also "nvfp4-inlined", every layer inlined, "bf16", ours bf16, and as
 #      served by default, the bf16 head, "nvfp4-served" and "nvfp4-pdl", with ATTNQUANT_PDL=1)
-#      picks what is profiled; PROFILE_CAPTURE (set: capture on, each captured decode graph
-#      timed whole: the step's GPU time without the host's, step_profile.py --capture);
+#      picks what is profiled (two compile in 31 or 38 % of the card each, three or more share
+#      80 % of it); PROFILE_CAPTURE (set: capture on, each captured decode graph timed whole:
+#      the step's GPU time without the host's, step_profile.py --capture);
 #   8. "big4b": the Gemma 3 4B geometry (all 34 layers), MAX's built-in bf16 against
 #      ours NVFP4 + capture, c=1 and c=8, after MTP, padding and invariance (alone:
 #      17 minutes from the start call, 12 of them compiling; it fits a lease only alone).
@@ -305,10 +306,14 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
     ( say "stepprofile"
       # Gemma 4's memory plan is its weights + 15 GiB of activations (NVFP4 ~21 GiB, bf16 ~24 at
       # 6 layers; Gemma 3's is smaller): two compile side by side in caps set as they start (31
-      # or 38 % of ~80 GiB), then each runs under ncu alone, with the card to itself.
+      # or 38 % of ~80 GiB), then each runs under ncu alone, with the card to itself. Three
+      # or more (Gemma 3 only) share 80 % of the card: at 31+31+38 % the last to capture its
+      # warmup graph found no memory outside the caps (CUDA_ERROR_OUT_OF_MEMORY).
+      set -- ${PROFILE_CELLS:-nvfp4}
       if profile_checkpoint; then
-        for cell in ${PROFILE_CELLS:-nvfp4}; do
-          stepprofile compile "$([ "$cell" = bf16 ] && echo 38 || echo 31)" "$cell" &
+        for cell in "$@"; do
+          if [ $# -gt 2 ]; then share=$((80 / $#)); elif [ "$cell" = bf16 ]; then share=38; else share=31; fi
+          stepprofile compile "$share" "$cell" &
         done
         wait
         for cell in ${PROFILE_CELLS:-nvfp4}; do stepprofile profile 60 "$cell"; done

@@ -316,7 +316,7 @@ run() {  # three chains: A (after MTP) padding -> invariance -> 4B; B MTP -> 27B
           stepprofile compile "$share" "$cell" &
         done
         wait
-        for cell in ${PROFILE_CELLS:-nvfp4}; do stepprofile profile 60 "$cell"; done
+        for cell in "$@"; do stepprofile profile 60 "$cell"; done
       fi
       say "stepprofile done" ) &
   fi

@@ -59,8 +59,9 @@ NCU = ["ncu", "--target-processes", "all", "--clock-control", "none", "--cache-c
 (WORD_PROMPT,) = prompt_texts(1, words=True, long=False)  # a random checkpoint's word tokenizer reads these
 UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
 
+GRAPH = "captured graph (--capture)"
 KINDS: tuple[tuple[str, str], ...] = (  # first match wins; matched against the lower-cased name
-    ("captured graph (--capture)", r"graph"),  # where ncu names a whole-graph workload so; no step kernel is
+    (GRAPH, r"graph"),  # where ncu names a whole-graph workload so; no step kernel is
     ("ours (attnquant's Mojo ops)", r"^mojo_pkg_"),  # MAX names a custom op's kernels by package hash
     ("attention", r"mha|flash|attention"),
     ("matmul (MAX)", r"matmul|gemm|gemv|cublas|wgmma"),
@@ -156,7 +157,7 @@ def graph_spread(found: Sequence[Sequence[Kernel]]) -> list[str]:
     times a kernel launched outside a graph with a large overhead of its own (a
     one-block kernel reads ~0.1 ms there, ~2 µs uncaptured), so the graphs'
     time is the figure that compares two builds' steps on the GPU."""
-    graphs = [[k for k in step if k.kind == KINDS[0][0]] for step in found]
+    graphs = [[k for k in step if k.kind == GRAPH] for step in found]
     return [spread(graphs, "the captured graph(s) of the step")] if graphs[0] else []
 
 
